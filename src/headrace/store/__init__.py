@@ -1,0 +1,30 @@
+"""headrace.store: the one door to bytes. See base.py for the contract."""
+
+from headrace.errors import AlreadyExists, InvalidKey, NotFound, PreconditionFailed, StoreError
+from headrace.store.base import (
+    CREATE,
+    OVERWRITE,
+    Capabilities,
+    Create,
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    ObjectStore,
+    Overwrite,
+    PutMode,
+    validate_key,
+)
+from headrace.store.counting import S3_STANDARD, CountingStore, PriceTable
+from headrace.store.faulty import FaultyStore, InjectedFault
+from headrace.store.local import LocalStore
+from headrace.store.memory import MemoryStore
+from headrace.store.prefixed import PrefixedStore
+from headrace.store.url import open_store
+
+__all__ = [
+    "CREATE", "OVERWRITE", "AlreadyExists", "Capabilities", "CountingStore", "Create",
+    "FaultyStore", "GetResult", "IfMatch", "InjectedFault", "InvalidKey", "LocalStore",
+    "MemoryStore", "NotFound", "ObjectMeta", "ObjectStore", "Overwrite", "PrefixedStore",
+    "PreconditionFailed", "PriceTable", "PutMode", "S3_STANDARD", "StoreError", "open_store",
+    "validate_key",
+]

@@ -1,0 +1,237 @@
+"""LocalStore: a folder as an object store, with atomic Create and IfMatch across processes.
+
+Protocol (why each step exists):
+
+1. Every write goes to a temp file ``.hrtmp-<random>`` in the destination folder, is fsynced,
+   then renamed over the key (rename is atomic on POSIX): readers see the old object or the new
+   one, never a part. A crash leaves only a temp file, which ``list`` never shows and
+   ``sweep_temp_files`` removes.
+2. Conditional puts (and deletes, and overwrites, so they serialize with them) hold an exclusive
+   ``fcntl.flock`` on one of 1024 striped lock files under ``.hrlocks/``. The precondition is
+   checked under the lock, so Create/IfMatch are linearizable across threads *and* processes
+   (obstore's LocalStore cannot do conditional update, which is why this store exists).
+3. The etag is derived from the file's identity (inode, size, mtime_ns): every put renames a
+   fresh inode into place, so any write changes the etag; no hashing of the data is needed.
+4. After the rename the directory is fsynced, so an acknowledged put survives a power cut.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from headrace.errors import AlreadyExists, NotFound, PreconditionFailed, StoreError
+from headrace.store.base import (
+    OVERWRITE,
+    Capabilities,
+    Create,
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    ObjectStore,
+    PutMode,
+    check_range,
+    validate_key,
+    validate_prefix,
+)
+
+_TMP_PREFIX = ".hrtmp-"
+_LOCK_DIR = ".hrlocks"
+_LOCK_STRIPES = 1024
+
+
+def _etag(st: os.stat_result) -> str:
+    return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(ObjectStore):
+    capabilities = Capabilities(conditional_put=True, listable=True, local_path=True)
+
+    def __init__(self, root: str | os.PathLike, *, fsync: bool = True):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        self.fsync = fsync
+        self.url = self.root.as_uri()
+
+    # -- paths and locks ---------------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def local_path(self, key: str) -> Path:
+        return self._path(key)
+
+    @contextmanager
+    def _locked(self, key: str):
+        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+        lock_path = self.root / _LOCK_DIR / f"{stripe % _LOCK_STRIPES:04d}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    # -- verbs ---------------------------------------------------------------------------------
+    def get(self, key: str) -> GetResult:
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                buf = bytearray(st.st_size)
+                view = memoryview(buf)
+                n = 0
+                while n < st.st_size:
+                    got = f.readinto(view[n:])
+                    if not got:
+                        break
+                    n += got
+                return GetResult(bytes(buf) if n == st.st_size else bytes(buf[:n]), _etag(st))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+        except OSError as e:
+            raise self._os_error(key, e) from e
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        check_range(key, start, end)
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+        try:
+            return os.pread(fd, end - start, start)
+        except OSError as e:
+            raise self._os_error(key, e) from e
+        finally:
+            os.close(fd)
+
+    def head(self, key: str) -> ObjectMeta:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(key) from None
+        if not path.is_file():
+            raise NotFound(key)
+        return ObjectMeta(key, st.st_size, _etag(st), st.st_mtime)
+
+    def put(self, key: str, data, mode: PutMode = OVERWRITE) -> str:
+        path = self._path(key)
+        parent = path.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise StoreError(f"cannot create folder for {key!r}: a path segment is an object",
+                             key=key) from e
+        tmp = parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            # write and fsync outside the lock: the lock only covers check + rename
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data).cast("B")
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written : written + (1 << 30)])
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._locked(key):
+                if isinstance(mode, Create):
+                    if path.exists():
+                        raise AlreadyExists(key)
+                elif isinstance(mode, IfMatch):
+                    try:
+                        current = _etag(path.stat())
+                    except FileNotFoundError:
+                        raise PreconditionFailed(key, mode.etag) from None
+                    if current != mode.etag:
+                        raise PreconditionFailed(key, mode.etag)
+                os.rename(tmp, path)
+                etag = _etag(path.stat())
+            if self.fsync:
+                _fsync_dir(parent)
+            return etag
+        except StoreError:
+            raise
+        except OSError as e:
+            raise self._os_error(key, e) from e
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        validate_prefix(prefix)
+        # start the walk at the deepest folder the prefix names completely
+        head, _, _ = prefix.rpartition("/")
+        start = self.root / head if head else self.root
+        if not start.is_dir():
+            return iter(())
+        return iter(sorted(self._walk(start, prefix), key=lambda m: m.key))
+
+    def _walk(self, folder: Path, prefix: str) -> Iterator[ObjectMeta]:
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith(".hr"):
+                continue
+            rel = os.path.relpath(entry.path, self.root).replace(os.sep, "/")
+            if entry.is_dir(follow_symlinks=False):
+                if rel.startswith(prefix) or prefix.startswith(rel + "/"):
+                    yield from self._walk(Path(entry.path), prefix)
+            elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                yield ObjectMeta(rel, st.st_size, _etag(st), st.st_mtime)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            except IsADirectoryError:
+                return
+            except OSError as e:
+                raise self._os_error(key, e) from e
+
+    def sweep_temp_files(self) -> int:
+        """Remove temp files left by crashed writers; returns how many were removed."""
+        n = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(_TMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(dirpath, name))
+                        n += 1
+                    except FileNotFoundError:
+                        pass
+        return n
+
+    @staticmethod
+    def _os_error(key: str, e: OSError) -> StoreError:
+        transient = e.errno in (errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT)
+        return StoreError(f"local store I/O error on {key!r}: {e.strerror or e}", key=key,
+                          retryable=transient)
