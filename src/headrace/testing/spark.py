@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 
 
 def local_spark(app_name: str = "headrace-tests", master: str = "local[2]",
                 shuffle_partitions: int = 4, extra: dict[str, str] | None = None):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    # Python workers must run the interpreter that has headrace installed
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     b = (SparkSession.builder.master(master).appName(app_name)

@@ -1,0 +1,1 @@
+"""PySpark integration: data sources (headrace.queue, headrace.shard) and the pipeline."""
