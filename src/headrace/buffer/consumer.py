@@ -1,0 +1,227 @@
+"""Consumer: the single active reader of the queue, with read-ahead and in-order acks.
+
+``initialize`` bumps the manifest epoch (fencing any earlier consumer); ``next_batch`` reads the
+entry after the read cursor and its batch file; ``ack`` must name the sequence right after the
+last acked one; every ``acks_per_dequeue`` acks (and on ``flush``/``close``) acked entries are
+dequeued. Every call that touches the queue checks the epoch and raises ``Fenced`` if it moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
+from headrace.buffer.config import ConsumerConfig
+from headrace.buffer.gc import GarbageCollector
+from headrace.buffer.manifest_format import read_footer
+from headrace.buffer.queue import QueueConsumer, read_manifest, read_manifest_bytes
+from headrace.buffer.types import ConsumedBatch, Fenced, ManifestEntry, OutOfOrderAck
+from headrace.codec import Clock, SystemClock
+from headrace.errors import HeadraceError
+from headrace.retry import RetryPolicy
+from headrace.store import ObjectStore
+
+log = logging.getLogger("headrace.buffer.consumer")
+
+
+def fetch_batch(store: ObjectStore, entry: ManifestEntry, *,
+                retry: RetryPolicy | None = None,
+                max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> ConsumedBatch:
+    """Read and decode the batch file a manifest entry points at."""
+    data = (retry or RetryPolicy()).call(lambda: store.get(entry.location).data,
+                                         what=f"read {entry.location}")
+    block = decode_block(data, entry.location, max_batch_bytes)
+    return ConsumedBatch(block.entries(), entry.sequence, entry.location, list(entry.metadata))
+
+
+def read_entries(store: ObjectStore, manifest_path: str, after_sequence: int | None,
+                 max_batches: int | None = None) -> list[ConsumedBatch]:
+    """Read-only: the batches with sequence > ``after_sequence`` (all if None), in order.
+
+    Never bumps the epoch and never dequeues; for drivers and tools that track their own position.
+    """
+    entries = list_entries(store, manifest_path, after_sequence, max_batches)
+    return [fetch_batch(store, e) for e in entries]
+
+
+def list_entries(store: ObjectStore, manifest_path: str, after_sequence: int | None,
+                 max_batches: int | None = None) -> list[ManifestEntry]:
+    """Read-only: the manifest entries with sequence > ``after_sequence``."""
+    entries = read_manifest(store, manifest_path).entries
+    if after_sequence is not None:
+        entries = [e for e in entries if e.sequence > after_sequence]
+    return entries if max_batches is None else entries[:max_batches]
+
+
+class Consumer:
+    def __init__(self, config: ConsumerConfig, clock: Clock | None = None):
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.store = config.open_store()
+        self._retry = config.retry or RetryPolicy()
+        self._queue = QueueConsumer(self.store, config.manifest_path, config.cas_retry)
+        self._lock = threading.RLock()
+        self._acked: int | None = None  # last acknowledged sequence (-1: none ever)
+        self._cursor: int | None = None  # last sequence handed out by next_batch
+        self._dequeued_through = -1
+        self._acks_since_dequeue = 0
+        self._known_next_sequence = 0
+        self._queue_length = 0
+        self._stats = {"batches_consumed": 0, "records_consumed": 0, "bytes_consumed": 0}
+        self.gc: GarbageCollector | None = None
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def initialize(self, last_acked_sequence: int | None = None) -> None:
+        """Bump the epoch; resume after ``last_acked_sequence`` or at the earliest entry."""
+        with self._lock:
+            self._queue.initialize()
+            manifest = self._queue.snapshot()
+            self._note(manifest.entries, manifest.next_sequence)
+            if last_acked_sequence is None:
+                first = manifest.first_sequence
+                acked = (first if first is not None else manifest.next_sequence) - 1
+            else:
+                if last_acked_sequence < -1:
+                    raise ValueError("last_acked_sequence: must be >= 0 (or None)")
+                acked = last_acked_sequence
+                first = manifest.first_sequence
+                if first is not None and first > acked + 1:
+                    log.warning("resuming after %d but the queue starts at %d: entries %d..%d "
+                                "were dequeued earlier", acked, first, acked + 1, first - 1)
+            self._acked = self._cursor = acked
+            first = manifest.first_sequence
+            self._dequeued_through = (manifest.next_sequence if first is None else first) - 1
+            if acked > self._dequeued_through:
+                self._acks_since_dequeue = acked - self._dequeued_through
+            if self.config.gc_interval_s > 0 and self.gc is None:
+                self.gc = GarbageCollector(
+                    self.store, manifest_path=self.config.manifest_path,
+                    data_path_prefix=self.config.data_path_prefix,
+                    grace_period_s=self.config.gc_grace_period_s,
+                    interval_s=self.config.gc_interval_s, clock=self.clock)
+                self.gc.start()
+
+    def close(self) -> None:
+        """Dequeue what was acked and stop the collector; a fenced consumer just stops."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._acked is not None:
+                self.flush()
+        except Fenced as e:
+            log.info("consumer closed while fenced: %s", e)
+        finally:
+            if self.gc is not None:
+                self.gc.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _ready(self) -> None:
+        if self._acked is None:
+            raise HeadraceError("consumer used before initialize()")
+        if self._closed:
+            raise HeadraceError("consumer is closed")
+
+    def _note(self, entries: list[ManifestEntry], next_sequence: int) -> None:
+        self._known_next_sequence = next_sequence
+        self._queue_length = len(entries)
+
+    def next_batch(self) -> ConsumedBatch | None:
+        """The batch after the read cursor, or None when there is none yet."""
+        with self._lock:
+            self._ready()
+            manifest = self._queue.snapshot()
+            self._note(manifest.entries, manifest.next_sequence)
+            entry = next((e for e in manifest.entries if e.sequence > self._cursor), None)
+            if entry is None:
+                return None
+            if entry.sequence != self._cursor + 1:
+                log.warning("read cursor at %d but the next entry is %d", self._cursor,
+                            entry.sequence)
+            batch = fetch_batch(self.store, entry, retry=self._retry,
+                                max_batch_bytes=self.config.max_batch_bytes)
+            self._cursor = entry.sequence
+            self._stats["batches_consumed"] += 1
+            self._stats["records_consumed"] += len(batch.entries)
+            self._stats["bytes_consumed"] += sum(map(len, batch.entries))
+            return batch
+
+    def pending_entries(self, max_batches: int | None = None) -> list[ManifestEntry]:
+        """Epoch-checked: the manifest entries after the last ack (for the Spark driver)."""
+        with self._lock:
+            self._ready()
+            manifest = self._queue.snapshot()
+            self._note(manifest.entries, manifest.next_sequence)
+            entries = [e for e in manifest.entries if e.sequence > self._acked]
+            return entries if max_batches is None else entries[:max_batches]
+
+    # -- acknowledging ---------------------------------------------------------------------------
+    def ack(self, sequence: int) -> None:
+        """Acknowledge ``sequence``, which must directly follow the last acked one."""
+        with self._lock:
+            self._ready()
+            if sequence != self._acked + 1:
+                raise OutOfOrderAck(sequence, self._acked + 1)
+            self._ack_to(sequence)
+
+    def ack_through(self, sequence: int) -> None:
+        """Acknowledge every sequence up to ``sequence``; acking an acked range is a no-op."""
+        with self._lock:
+            self._ready()
+            if sequence <= self._acked:
+                self._check_epoch()
+                return
+            self._ack_to(sequence)
+
+    def _check_epoch(self) -> None:
+        data, _ = read_manifest_bytes(self.store, self.config.manifest_path)
+        self._queue._check(data)
+        self._known_next_sequence = read_footer(data, self.config.manifest_path).next_sequence
+
+    def _ack_to(self, sequence: int) -> None:
+        self._check_epoch()  # fencing is checked on every ack, as the RFC asks
+        if sequence >= self._known_next_sequence:
+            raise OutOfOrderAck(sequence, self._acked + 1,
+                                f"no entry {sequence} exists yet (next is "
+                                f"{self._known_next_sequence})")
+        self._acks_since_dequeue += sequence - self._acked
+        self._acked = sequence
+        if self._acks_since_dequeue >= self.config.acks_per_dequeue:
+            self.flush()
+
+    def flush(self) -> None:
+        """Dequeue every acked entry now."""
+        with self._lock:
+            self._ready() if not self._closed else None
+            if self._acked is not None and self._acked > self._dequeued_through:
+                self._queue.dequeue(self._acked)
+                self._dequeued_through = self._acked
+            self._acks_since_dequeue = 0
+
+    # -- observability ---------------------------------------------------------------------------
+    @property
+    def acked_sequence(self) -> int | None:
+        return None if self._acked is None or self._acked < 0 else self._acked
+
+    @property
+    def epoch(self) -> int | None:
+        return self._queue.epoch
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            out: dict[str, float] = dict(self._stats)
+            out["queue_length"] = self._queue_length
+            out["acked_sequence"] = -1 if self._acked is None else self._acked
+            out["read_sequence"] = -1 if self._cursor is None else self._cursor
+        out.update(self._queue.counters.as_dict("consumer"))
+        if self.gc is not None:
+            out.update(self.gc.metrics())
+        return out

@@ -1,0 +1,260 @@
+"""Producer: buffers produce() calls into batches, uploads them, enqueues their locations.
+
+One named background thread per producer owns the batch being built. ``produce`` hands its
+entries over a bounded queue (``max_buffered_inputs``): when the thread falls behind, callers
+block, which is the backpressure. A batch is flushed when it reaches ``flush_size_bytes`` or when
+``flush_interval_s`` has passed since its first entry. A flush is: encode → put
+``{data_path_prefix}/{ULID}.batch`` with Create → append the location to the manifest (CAS). Only
+then are the handles of that batch resolved; a failed flush fails every handle in it with the
+cause, so nothing is reported durable that is not.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from headrace.buffer.batch_format import COMPRESSIONS, encode_batch
+from headrace.buffer.config import ProducerConfig
+from headrace.buffer.queue import QueueProducer
+from headrace.buffer.types import Metadata
+from headrace.codec import Clock, SystemClock, new_ulid
+from headrace.errors import AlreadyExists, HeadraceError, InvalidInput
+from headrace.retry import RetryPolicy
+from headrace.store import CREATE
+
+log = logging.getLogger("headrace.buffer.producer")
+_STOP = object()
+
+
+class DurabilityWatcher:
+    """Tells when the entries of one produce() call are durable (or why they never will be)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.sequence: int | None = None  # queue sequence of the batch, once durable
+        self.location: str | None = None
+        self.start_index: int | None = None  # index of the first entry inside the batch
+
+    def _resolve(self, sequence: int, location: str) -> None:
+        self.sequence, self.location = sequence, location
+        self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> bool | None:
+        """None while pending; True once durable; raises the cause if the flush failed."""
+        if not self._done.is_set():
+            return None
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def await_durable(self, timeout: float | None = None) -> None:
+        """Block until durable; raises the flush's error, or TimeoutError after ``timeout``."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"entries not durable after {timeout} s")
+        self.result()
+
+
+class WriteHandle:
+    """Returned by ``Producer.produce``; ``watcher`` reports durability."""
+
+    def __init__(self) -> None:
+        self.watcher = DurabilityWatcher()
+
+
+class _Flush:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class Producer:
+    """Accepts entries from any thread and makes them durable in batches."""
+
+    def __init__(self, config: ProducerConfig, clock: Clock | None = None):
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.store = config.open_store()
+        self._retry = config.retry or RetryPolicy()
+        self._queue_producer = QueueProducer(self.store, config.manifest_path, config.cas_retry)
+        self._compression = COMPRESSIONS[config.batch_compression]
+        self._inbox: queue.Queue = queue.Queue(maxsize=config.max_buffered_inputs)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._stats_lock = threading.Lock()
+        self._stats = {"records_produced": 0, "bytes_produced": 0, "batches_flushed": 0,
+                       "batch_bytes_written": 0, "failed_flushes": 0, "produce_calls": 0}
+        self._flush_latencies_ms: deque[float] = deque(maxlen=1024)
+        self._thread = threading.Thread(target=self._run, name="headrace-buffer-producer",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- public API --------------------------------------------------------------------------
+    def produce(self, entries: Sequence[bytes], metadata: bytes = b"") -> WriteHandle:
+        """Queue ``entries`` (one metadata item for all of them); blocks when the buffer is full."""
+        entries = list(entries)
+        if not entries:
+            raise InvalidInput("produce() needs at least one entry")
+        if not set(map(type, entries)) <= {bytes}:
+            try:
+                entries = list(map(bytes, entries))
+            except TypeError as e:
+                raise InvalidInput(f"entries must be bytes-like: {e}") from e
+        if not isinstance(metadata, bytes | bytearray | memoryview):
+            raise InvalidInput(f"metadata must be bytes, got {type(metadata).__name__}")
+        self._check_open()
+        handle = WriteHandle()
+        self._inbox.put((entries, bytes(metadata), self.clock.now_ms(), handle.watcher))
+        return handle
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Flush everything produced so far and wait for it."""
+        self._check_open()
+        marker = _Flush()
+        self._inbox.put(marker)
+        if not marker.done.wait(timeout):
+            raise TimeoutError(f"producer flush did not finish within {timeout} s")
+        if self._error is not None:
+            raise HeadraceError("producer thread failed") from self._error
+
+    def close(self) -> None:
+        """Flush what is buffered and stop the thread."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join()
+        if self._error is not None:
+            raise HeadraceError("producer thread failed") from self._error
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def metrics(self) -> dict[str, float]:
+        with self._stats_lock:
+            out: dict[str, float] = dict(self._stats)
+            lat = np.array(self._flush_latencies_ms) if self._flush_latencies_ms else None
+        out["buffered_inputs"] = self._inbox.qsize()
+        out["flush_latency_p50_ms"] = float(np.percentile(lat, 50)) if lat is not None else 0.0
+        out["flush_latency_p99_ms"] = float(np.percentile(lat, 99)) if lat is not None else 0.0
+        out.update(self._queue_producer.counters.as_dict("producer"))
+        return out
+
+    # -- the flusher thread --------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise HeadraceError("producer thread failed") from self._error
+        if self._closed:
+            raise HeadraceError("producer is closed")
+
+    def _run(self) -> None:
+        entries: list[bytes] = []
+        items: list[Metadata] = []
+        watchers: list[DurabilityWatcher] = []
+        size = 0
+        first_at: float | None = None
+        interval = self.config.flush_interval_s
+        try:
+            while True:
+                timeout = None if first_at is None else first_at + interval - self.clock.monotonic()
+                try:
+                    item = self._inbox.get(timeout=max(timeout, 0.0)) if timeout is not None \
+                        else self._inbox.get()
+                except queue.Empty:
+                    item = None
+                if isinstance(item, tuple):
+                    batch, payload, t_ms, watcher = item
+                    watcher.start_index = len(entries)
+                    items.append(Metadata(len(entries), t_ms, payload))
+                    entries.extend(batch)
+                    watchers.append(watcher)
+                    size += sum(map(len, batch)) + 4 * len(batch)
+                    if first_at is None:
+                        first_at = self.clock.monotonic()
+                due = (item is None or item is _STOP or isinstance(item, _Flush)
+                       or size >= self.config.flush_size_bytes
+                       or (first_at is not None
+                           and self.clock.monotonic() - first_at >= interval))
+                if due and entries:
+                    self._flush(entries, items, watchers, size)
+                    entries, items, watchers, size, first_at = [], [], [], 0, None
+                if isinstance(item, _Flush):
+                    item.done.set()
+                if item is _STOP:
+                    return
+        except BaseException as e:  # surfaced to callers through _check_open / close
+            log.exception("producer thread failed")
+            self._error = e
+            for w in watchers:
+                w._fail(e)
+            self._drain_failed(e)
+
+    def _drain_failed(self, error: BaseException) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                item[3]._fail(error)
+            elif isinstance(item, _Flush):
+                item.done.set()
+
+    def _put_batch(self, location: str, data: bytes) -> None:
+        attempt = 0
+
+        def put() -> None:
+            nonlocal attempt
+            attempt += 1
+            try:
+                self.store.put(location, data, CREATE)
+            except AlreadyExists:
+                if attempt == 1:  # a fresh ULID cannot exist unless our earlier try landed
+                    raise
+        self._retry.call(put, what=f"upload {location}")
+
+    def _flush(self, entries: list[bytes], items: list[Metadata],
+               watchers: list[DurabilityWatcher], size: int) -> None:
+        t0 = time.perf_counter()
+        location = f"{self.config.data_path_prefix}/{new_ulid(self.clock)}.batch"
+        try:
+            data = encode_batch(entries, self._compression)
+            self._put_batch(location, data)
+            sequence = self._queue_producer.enqueue(location, items)
+        except Exception as e:  # noqa: BLE001 - every handle of the batch learns the cause
+            log.warning("flush of %d entries to %s failed: %s", len(entries), location, e)
+            with self._stats_lock:
+                self._stats["failed_flushes"] += 1
+            for w in watchers:
+                w._fail(e)
+            return
+        ms = (time.perf_counter() - t0) * 1000
+        with self._stats_lock:
+            s = self._stats
+            s["records_produced"] += len(entries)
+            s["bytes_produced"] += size - 4 * len(entries)
+            s["batches_flushed"] += 1
+            s["batch_bytes_written"] += len(data)
+            s["produce_calls"] += len(watchers)
+            self._flush_latencies_ms.append(ms)
+        for w in watchers:
+            w._resolve(sequence, location)

@@ -1,0 +1,219 @@
+"""The manifest-backed queue: CAS appends by producers, epoch-fenced reads and dequeues.
+
+Every write is read manifest + etag → modify → put with Create (no manifest yet) or
+IfMatch(etag); a lost race (AlreadyExists / PreconditionFailed) or a transient store error
+re-reads and retries with the shared backoff + jitter policy. A put whose reply was lost
+(retryable error after the write may have landed) is *ambiguous*: before appending again the
+producer looks for its own location in the manifest, so an entry is never enqueued twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from headrace.buffer.manifest_format import (
+    EMPTY_MANIFEST,
+    U64_MAX,
+    Manifest,
+    append_entry,
+    decode_manifest,
+    drop_through,
+    read_footer,
+    set_epoch,
+)
+from headrace.buffer.types import Fenced, ManifestEntry, Metadata
+from headrace.errors import (
+    AlreadyExists,
+    HeadraceError,
+    InvalidInput,
+    NotFound,
+    PreconditionFailed,
+    RetryExhausted,
+    StoreError,
+)
+from headrace.retry import RetryPolicy
+from headrace.store import CREATE, IfMatch, ObjectStore
+
+log = logging.getLogger("headrace.buffer.queue")
+T = TypeVar("T")
+
+
+def default_cas_policy() -> RetryPolicy:
+    """Many short jittered retries: eight producers on one manifest must all get through."""
+    return RetryPolicy(max_attempts=100_000, base_delay_s=0.002, max_delay_s=0.25,
+                       max_elapsed_s=300.0)
+
+
+def read_manifest_bytes(store: ObjectStore, path: str) -> tuple[bytes, str | None]:
+    """The manifest's bytes and etag; a missing manifest is the empty one with etag None."""
+    try:
+        res = store.get(path)
+    except NotFound:
+        return EMPTY_MANIFEST, None
+    return res.data, res.etag
+
+
+def read_manifest(store: ObjectStore, path: str) -> Manifest:
+    """Decode the manifest without any epoch check (read-only observers: GC, CLI, Spark)."""
+    data, _ = read_manifest_bytes(store, path)
+    return decode_manifest(data, path)
+
+
+class CasCounters:
+    """Manifest writes and lost races of one role (producer or consumer)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.writes = 0
+        self.conflicts = 0
+        self.transient_errors = 0
+
+    def add(self, *, writes: int = 0, conflicts: int = 0, transient: int = 0) -> None:
+        with self._lock:
+            self.writes += writes
+            self.conflicts += conflicts
+            self.transient_errors += transient
+
+    def as_dict(self, role: str) -> dict[str, float]:
+        with self._lock:
+            attempts = self.writes + self.conflicts
+            return {
+                f"{role}_manifest_writes": self.writes,
+                f"{role}_manifest_conflicts": self.conflicts,
+                f"{role}_manifest_conflict_rate": self.conflicts / attempts if attempts else 0.0,
+                f"{role}_store_retries": self.transient_errors,
+            }
+
+
+def _cas_loop(store: ObjectStore, path: str, policy: RetryPolicy, counters: CasCounters,
+              step: Callable[[bytes, bool], tuple[bytes | None, T]], what: str) -> T:
+    """Run ``step(manifest_bytes, ambiguous)`` → (new bytes or None for no write, result)."""
+    ambiguous = False
+    last: BaseException | None = None
+    attempts = 0
+    for attempts in policy.delays():  # noqa: B007 - reported when giving up
+        try:
+            data, etag = read_manifest_bytes(store, path)
+        except StoreError as e:
+            if not e.retryable:
+                raise
+            counters.add(transient=1)
+            last = e
+            continue
+        new, result = step(data, ambiguous)
+        if new is None:
+            return result
+        try:
+            store.put(path, new, CREATE if etag is None else IfMatch(etag))
+        except (AlreadyExists, PreconditionFailed) as e:
+            counters.add(conflicts=1)
+            last = e
+            continue
+        except StoreError as e:
+            if not e.retryable:
+                raise
+            counters.add(transient=1)
+            ambiguous = True
+            last = e
+            continue
+        counters.add(writes=1)
+        return result
+    raise RetryExhausted(f"{what} on {path!r} gave up after {attempts} attempts: {last}",
+                         attempts) from last
+
+
+class QueueProducer:
+    """Appends batch locations to the manifest; carries the epoch unchanged."""
+
+    def __init__(self, store: ObjectStore, manifest_path: str,
+                 policy: RetryPolicy | None = None):
+        self.store = store
+        self.manifest_path = manifest_path
+        self.policy = policy or default_cas_policy()
+        self.counters = CasCounters()
+
+    def enqueue(self, location: str, metadata: Iterable[Metadata]) -> int:
+        """Append ``location`` and return its sequence."""
+        metadata = tuple(metadata)
+
+        def step(data: bytes, ambiguous: bool) -> tuple[bytes | None, int]:
+            if ambiguous:  # our previous put may have landed: never append twice
+                for entry in decode_manifest(data, self.manifest_path).entries:
+                    if entry.location == location:
+                        return None, entry.sequence
+            buf = bytearray(data)
+            seq = append_entry(buf, location, metadata, self.manifest_path)
+            return bytes(buf), seq
+
+        return _cas_loop(self.store, self.manifest_path, self.policy, self.counters, step,
+                         "enqueue")
+
+
+class QueueConsumer:
+    """The single active reader: ``initialize`` bumps the epoch, every call checks it."""
+
+    def __init__(self, store: ObjectStore, manifest_path: str,
+                 policy: RetryPolicy | None = None):
+        self.store = store
+        self.manifest_path = manifest_path
+        self.policy = policy or default_cas_policy()
+        self.counters = CasCounters()
+        self.epoch: int | None = None
+
+    def initialize(self) -> int:
+        """Bump the epoch (wrapping past u64 max to 0), fencing any earlier consumer."""
+
+        def step(data: bytes, ambiguous: bool) -> tuple[bytes, int]:
+            buf = bytearray(data)
+            epoch = (read_footer(buf, self.manifest_path).epoch + 1) & U64_MAX
+            set_epoch(buf, epoch, self.manifest_path)
+            return bytes(buf), epoch
+
+        self.epoch = _cas_loop(self.store, self.manifest_path, self.policy, self.counters,
+                               step, "initialize")
+        log.info("consumer initialized on %s with epoch %d", self.manifest_path, self.epoch)
+        return self.epoch
+
+    def _check(self, data: bytes) -> None:
+        if self.epoch is None:
+            raise HeadraceError("queue consumer used before initialize()")
+        current = read_footer(data, self.manifest_path).epoch
+        if current != self.epoch:
+            raise Fenced(self.manifest_path, self.epoch, current)
+
+    def snapshot(self) -> Manifest:
+        """The decoded manifest, after checking this consumer is not fenced."""
+        data = self.policy.call(lambda: read_manifest_bytes(self.store, self.manifest_path)[0],
+                                what="read manifest")
+        self._check(data)
+        return decode_manifest(data, self.manifest_path)
+
+    def peek(self) -> ManifestEntry | None:
+        """The earliest entry, or None when the queue is empty."""
+        entries = self.snapshot().entries
+        return entries[0] if entries else None
+
+    def read_after(self, sequence: int) -> ManifestEntry | None:
+        """The entry right after ``sequence`` (None if not there yet)."""
+        for entry in self.snapshot().entries:
+            if entry.sequence > sequence:
+                return entry
+        return None
+
+    def dequeue(self, through_sequence: int) -> int:
+        """Remove every entry with sequence <= ``through_sequence``; returns how many went."""
+
+        def step(data: bytes, ambiguous: bool) -> tuple[bytes | None, int]:
+            self._check(data)
+            footer = read_footer(data, self.manifest_path)
+            if through_sequence >= footer.next_sequence:
+                raise InvalidInput(f"cannot dequeue through {through_sequence}: the queue has "
+                                   f"only assigned sequences below {footer.next_sequence}")
+            new, dropped = drop_through(data, through_sequence, self.manifest_path)
+            return (new if dropped else None), dropped
+
+        return _cas_loop(self.store, self.manifest_path, self.policy, self.counters, step,
+                         "dequeue")
