@@ -1,0 +1,203 @@
+"""BackupManager: incremental snapshots of a local directory to the object store.
+
+``upload(dir, checkpoint_id)`` diffs the directory against the last *committed* snapshot, uploads
+new and mutable files (large ones as several chunks, all chunks in parallel on a named thread
+pool, each put retried by the shared policy), writes the index blob and returns its id. The
+caller records that id durably, then calls ``cleanup(id)``; until then the new blobs carry a TTL
+and a crash leaves only garbage that the sweep removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from headrace.backup.blobs import BlobStore
+from headrace.backup.config import BackupConfig
+from headrace.backup.crc import crc32_combine
+from headrace.backup.diff import DirDiffer, LocalFile, build_dir_index
+from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
+from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
+from headrace.backup.progress import ProgressCallback, ProgressTracker
+from headrace.codec import Clock, SystemClock, crc32
+from headrace.errors import HeadraceError, InvalidInput
+from headrace.store import ObjectStore, open_store
+
+log = logging.getLogger("headrace.backup")
+
+
+class BackupManager:
+    """Backs up one local directory (one store of one task) under ``prefix`` of an object store."""
+
+    def __init__(self, store_or_url: ObjectStore | str, *, prefix: str = "backup",
+                 config: BackupConfig | None = None, clock: Clock | None = None,
+                 previous_index_blob_id: str | None = None,
+                 progress: ProgressCallback | None = None):
+        self.config = config or BackupConfig()
+        self.store = open_store(store_or_url)
+        self.clock = clock or SystemClock()
+        self.blobs = BlobStore(self.store, prefix, retry=self.config.retry, clock=self.clock,
+                               ttl_ms=self.config.ttl_ms)
+        self.progress = progress
+        self._differ = DirDiffer(self.config)
+        self._pool = ThreadPoolExecutor(self.config.upload_workers,
+                                        thread_name_prefix="headrace-backup-upload")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._prev_id: str | None = None
+        self._prev_index: SnapshotIndex | None = None
+        self._metrics = dict.fromkeys(
+            ("uploads", "files_uploaded", "files_retained", "files_removed", "blobs_uploaded",
+             "bytes_uploaded", "bytes_retained", "index_bytes", "cleanups", "blobs_deleted",
+             "sweeps"), 0)
+        if previous_index_blob_id is not None:
+            self.init(previous_index_blob_id)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def init(self, committed_index_blob_id: str | None) -> None:
+        """Start from the last committed snapshot: redo its (idempotent) cleanup, diff against it."""
+        if committed_index_blob_id is None:
+            self._prev_id, self._prev_index = None, None
+            return
+        self.cleanup(committed_index_blob_id)
+
+    def upload(self, directory: str | os.PathLike, checkpoint_id: str) -> str:
+        """Upload a snapshot of ``directory``; returns the new index blob id (not yet committed)."""
+        self._check_open()
+        root = Path(directory)
+        if not root.is_dir():
+            raise InvalidInput(f"backup source {str(root)!r} is not a directory")
+        if not isinstance(checkpoint_id, str) or not checkpoint_id or len(checkpoint_id) > 256:
+            raise InvalidInput(f"checkpoint_id must be a non-empty str (<= 256 chars), "
+                               f"got {checkpoint_id!r}")
+        prev = self._prev_index.dir_index if self._prev_index else None
+        diff = self._differ.diff(str(root), prev)
+        added = list(diff.added_files())
+        retained = list(diff.retained_files())
+        total = sum(f.size for f in added)
+        tracker = ProgressTracker("upload", len(added), total, self.progress)
+        uploaded = self._upload_files(added, tracker)
+        index = SnapshotIndex(
+            checkpoint_id=checkpoint_id, created_time_ms=self.clock.now_ms(),
+            dir_index=build_dir_index(diff, uploaded),
+            prev_snapshot_index_blob_id=self._prev_id,
+            job_name=self.config.job_name, job_instance=self.config.job_instance,
+            task_name=self.config.task_name, store_name=self.config.store_name)
+        index_id = self.blobs.put_index(index)
+        removed = len(index.dir_index.removed_blob_ids())
+        with self._lock:
+            m = self._metrics
+            m["uploads"] += 1
+            m["files_uploaded"] += len(added)
+            m["files_retained"] += len(retained)
+            m["files_removed"] += removed
+            m["blobs_uploaded"] += sum(len(f.blobs) for f in uploaded.values())
+            m["bytes_uploaded"] += total
+            m["bytes_retained"] += sum(f.size for f in retained)
+        log.info("uploaded snapshot %s (checkpoint %s): %d files / %d bytes sent, %d retained",
+                 index_id, checkpoint_id, len(added), total, len(retained))
+        return index_id
+
+    def cleanup(self, index_blob_id: str) -> None:
+        """After the caller durably recorded ``index_blob_id``: make it permanent, drop the old."""
+        self._check_open()
+        index = self._prev_index if self._prev_id == index_blob_id else None
+        index = cleanup_snapshot(self.blobs, index_blob_id, index)
+        with self._lock:
+            self._metrics["cleanups"] += 1
+            self._metrics["blobs_deleted"] += len(index.dir_index.removed_blob_ids())
+            self._prev_id, self._prev_index = index_blob_id, index
+
+    def sweep(self, *, dry_run: bool = False) -> SweepReport:
+        """Delete expired garbage of crashed commits (see lifecycle.sweep)."""
+        self._check_open()
+        report = sweep(self.blobs, dry_run=dry_run)
+        with self._lock:
+            self._metrics["sweeps"] += 1
+        return report
+
+    def metrics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._metrics)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> BackupManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise HeadraceError("BackupManager is closed")
+
+    # -- uploads ---------------------------------------------------------------------------------
+    def _upload_files(self, files: list[LocalFile], tracker: ProgressTracker
+                      ) -> dict[str, FileIndex]:
+        chunk = self.config.chunk_size
+        futures: dict[str, list[Future]] = {}
+        remaining: dict[str, int] = {}
+        remaining_lock = threading.Lock()
+
+        def upload_chunk(f: LocalFile, offset: int, size: int) -> FileBlob:
+            data = _read_exact(f, offset, size)
+            blob = FileBlob(self.blobs.put_blob(data), offset, size, crc32(data))
+            done = 0
+            with remaining_lock:
+                remaining[f.rel] -= 1
+                if remaining[f.rel] == 0:
+                    done = 1
+            tracker.add(files=done, nbytes=size)
+            return blob
+
+        all_futures: list[Future] = []
+        for f in files:
+            offsets = range(0, f.size, chunk)
+            remaining[f.rel] = len(offsets)
+            futures[f.rel] = [self._pool.submit(upload_chunk, f, off, min(chunk, f.size - off))
+                              for off in offsets]
+            all_futures.extend(futures[f.rel])
+            if not offsets:
+                tracker.add(files=1)
+        done, pending = wait(all_futures, return_when=FIRST_EXCEPTION)
+        failed = next((fut for fut in done if fut.exception() is not None), None)
+        if failed is not None:
+            for fut in pending:
+                fut.cancel()
+            wait(pending)
+            raise failed.exception()  # type: ignore[misc]
+        out: dict[str, FileIndex] = {}
+        for f in files:
+            blobs = tuple(fut.result() for fut in futures[f.rel])
+            value = 0
+            for b in blobs:
+                value = crc32_combine(value, b.crc32, b.size)
+            out[f.rel] = FileIndex(f.name, blobs, f.mtime_ms, f.ctime_ms, f.size, value, f.mode)
+        return out
+
+    @property
+    def last_committed(self) -> str | None:
+        """The index id this manager diffs against (the last one cleaned up)."""
+        return self._prev_id
+
+
+def _read_exact(f: LocalFile, offset: int, size: int) -> bytes:
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise InvalidInput(f"{f.rel!r} shrank while being backed up (read {len(data)} of "
+                           f"{size} bytes at offset {offset}): back up a checkpoint, not a "
+                           f"live directory")
+    return data

@@ -1,0 +1,139 @@
+"""DirDiff: what changed in a local directory since the previous snapshot (seed 002's DirDiff).
+
+Immutable files (SST / batch files, by glob pattern) are the same file when name and size match
+(and crc32, for small files or when asked): they are retained, their blobs reused. Mutable files
+(MANIFEST, CURRENT, OPTIONS ...) are always uploaded. Files and subdirectories that disappeared
+are listed as removed, so that cleanup can delete their blobs once the new snapshot is committed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from headrace.backup.config import BackupConfig
+from headrace.backup.index import DirIndex, FileIndex
+from headrace.codec import crc32
+from headrace.errors import InvalidInput
+
+_READ = 8 << 20
+
+
+def file_crc32(path: str) -> int:
+    """CRC32 of a whole local file, read in large blocks."""
+    value = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_READ)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            value = crc32(view[:n], value)
+    return value
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    name: str
+    path: str  # absolute path on this host
+    rel: str  # path relative to the backed-up root, '/'-separated
+    size: int
+    mtime_ms: int
+    ctime_ms: int
+    mode: int
+
+
+@dataclass
+class DirDiff:
+    dir_name: str
+    files_added: list[LocalFile] = field(default_factory=list)
+    files_retained: list[FileIndex] = field(default_factory=list)
+    files_removed: list[FileIndex] = field(default_factory=list)
+    sub_dirs_added: list[DirDiff] = field(default_factory=list)
+    sub_dirs_retained: list[DirDiff] = field(default_factory=list)
+    sub_dirs_removed: list[DirIndex] = field(default_factory=list)
+
+    def added_files(self) -> Iterator[LocalFile]:
+        yield from self.files_added
+        for d in self.sub_dirs_added + self.sub_dirs_retained:
+            yield from d.added_files()
+
+    def retained_files(self) -> Iterator[FileIndex]:
+        yield from self.files_retained
+        for d in self.sub_dirs_added + self.sub_dirs_retained:
+            yield from d.retained_files()
+
+
+def _scan(path: str, rel: str) -> tuple[dict[str, LocalFile], dict[str, str]]:
+    files: dict[str, LocalFile] = {}
+    dirs: dict[str, str] = {}
+    with os.scandir(path) as it:
+        entries = list(it)
+    for e in entries:
+        st = e.stat(follow_symlinks=False)
+        erel = rel + e.name
+        if stat.S_ISLNK(st.st_mode):
+            raise InvalidInput(f"{erel!r} in {path!r} is a symlink: backups copy files only")
+        if stat.S_ISDIR(st.st_mode):
+            dirs[e.name] = e.path
+        elif stat.S_ISREG(st.st_mode):
+            files[e.name] = LocalFile(e.name, e.path, erel, st.st_size, st.st_mtime_ns // 1_000_000,
+                                      st.st_ctime_ns // 1_000_000, stat.S_IMODE(st.st_mode))
+        else:
+            raise InvalidInput(f"{erel!r} in {path!r} is not a regular file or directory")
+    return files, dirs
+
+
+def _strip_removed(d: DirIndex) -> DirIndex:
+    """A directory as it was present (older removal lists do not travel into a new index)."""
+    return DirIndex(d.dir_name, d.files_present, (), tuple(_strip_removed(s)
+                                                           for s in d.sub_dirs_present), ())
+
+
+class DirDiffer:
+    def __init__(self, config: BackupConfig):
+        self.config = config
+
+    def is_immutable(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.config.immutable_patterns)
+
+    def _same_file(self, local: LocalFile, prev: FileIndex) -> bool:
+        if not self.is_immutable(local.name) or local.size != prev.size:
+            return False
+        if self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below:
+            return file_crc32(local.path) == prev.crc32
+        return True
+
+    def diff(self, path: str, prev: DirIndex | None, name: str = "", rel: str = "") -> DirDiff:
+        """Diff the local directory ``path`` against ``prev`` (None: everything is new)."""
+        files, dirs = _scan(path, rel)
+        out = DirDiff(name)
+        prev_files = {f.file_name: f for f in prev.files_present} if prev else {}
+        prev_dirs = {d.dir_name: d for d in prev.sub_dirs_present} if prev else {}
+        for fname in sorted(files):
+            local = files[fname]
+            old = prev_files.pop(fname, None)
+            if old is not None and self._same_file(local, old):
+                out.files_retained.append(old)
+            else:
+                out.files_added.append(local)
+                if old is not None:
+                    out.files_removed.append(old)
+        out.files_removed.extend(prev_files[n] for n in sorted(prev_files))
+        for dname in sorted(dirs):
+            old_dir = prev_dirs.pop(dname, None)
+            sub = self.diff(dirs[dname], old_dir, dname, rel + dname + "/")
+            (out.sub_dirs_retained if old_dir is not None else out.sub_dirs_added).append(sub)
+        out.sub_dirs_removed.extend(_strip_removed(prev_dirs[n]) for n in sorted(prev_dirs))
+        return out
+
+
+def build_dir_index(diff: DirDiff, uploaded: dict[str, FileIndex]) -> DirIndex:
+    """The new snapshot's DirIndex: retained + uploaded files, and what the diff removed."""
+    present = sorted([*diff.files_retained, *(uploaded[f.rel] for f in diff.files_added)],
+                     key=lambda f: f.file_name)
+    subs = sorted((build_dir_index(d, uploaded) for d in diff.sub_dirs_added +
+                   diff.sub_dirs_retained), key=lambda d: d.dir_name)
+    return DirIndex(diff.dir_name, tuple(present), tuple(diff.files_removed), tuple(subs),
+                    tuple(diff.sub_dirs_removed))

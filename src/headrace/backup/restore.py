@@ -1,0 +1,271 @@
+"""RestoreManager: rebuild a local directory from a snapshot index, on any host.
+
+Restore never writes into the target in place. It builds the snapshot in a staging folder next
+to the target (chunks downloaded in parallel and written at their offsets, each chunk's size and
+crc32 checked, then each file's size and crc32), then swaps it in with two renames. A failure at
+any point removes the staging folder and leaves the target as it was.
+
+Host affinity: a target that already equals the snapshot (same files, sizes and crc32s, same
+directories) is kept as is, with no file blob read; files of an existing target that match the
+snapshot are hard-linked into the staging folder instead of downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.backup.blobs import BlobStore
+from headrace.backup.config import BackupConfig
+from headrace.backup.crc import crc32_combine
+from headrace.backup.diff import file_crc32
+from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
+from headrace.backup.lifecycle import cleanup_snapshot
+from headrace.backup.progress import ProgressCallback, ProgressTracker
+from headrace.codec import Clock, SystemClock, crc32, new_ulid
+from headrace.errors import ChecksumMismatch, FormatError, HeadraceError, InvalidInput
+from headrace.store import ObjectStore, open_store
+
+log = logging.getLogger("headrace.backup")
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    index_blob_id: str
+    checkpoint_id: str
+    reused_directory: bool  # host affinity: the target already was the snapshot
+    files_downloaded: int
+    files_reused: int  # hard-linked from the previous target instead of downloaded
+    bytes_downloaded: int
+    elapsed_s: float
+
+
+def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RestoreManager:
+    def __init__(self, store_or_url: ObjectStore | str, *, prefix: str = "backup",
+                 config: BackupConfig | None = None, clock: Clock | None = None,
+                 progress: ProgressCallback | None = None, fsync: bool = True):
+        self.config = config or BackupConfig()
+        self.store = open_store(store_or_url)
+        self.clock = clock or SystemClock()
+        self.blobs = BlobStore(self.store, prefix, retry=self.config.retry, clock=self.clock,
+                               ttl_ms=self.config.ttl_ms)
+        self.progress = progress
+        self.fsync = fsync
+        self._pool = ThreadPoolExecutor(self.config.download_workers,
+                                        thread_name_prefix="headrace-backup-download")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._metrics = dict.fromkeys(("restores", "restores_reused", "files_downloaded",
+                                       "files_reused", "bytes_downloaded", "blobs_downloaded"), 0)
+
+    def read_index(self, index_blob_id: str) -> SnapshotIndex:
+        return self.blobs.get_index(index_blob_id)
+
+    def restore(self, index_blob_id: str, target_dir: str | os.PathLike, *,
+                redo_cleanup: bool = True) -> RestoreResult:
+        """Make ``target_dir`` equal the snapshot; then redo the snapshot's cleanup (idempotent)."""
+        if self._closed:
+            raise HeadraceError("RestoreManager is closed")
+        t0 = time.perf_counter()
+        index = self.read_index(index_blob_id)
+        target = Path(target_dir).absolute()
+        if target.exists() and not target.is_dir():
+            raise InvalidInput(f"restore target {str(target)!r} exists and is not a directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_stale(target)
+        local = self._local_matches(index, target) if target.is_dir() else {}
+        files = list(index.dir_index.walk_files())
+        if target.is_dir() and len(local) == len(files) and self._same_tree(index, target):
+            downloaded, reused, nbytes, reused_dir = 0, len(files), 0, True
+        else:
+            downloaded, reused, nbytes = self._rebuild(index, target, local)
+            reused_dir = False
+        if redo_cleanup:
+            cleanup_snapshot(self.blobs, index_blob_id, index)
+        with self._lock:
+            m = self._metrics
+            m["restores"] += 1
+            m["restores_reused"] += int(reused_dir)
+            m["files_downloaded"] += downloaded
+            m["files_reused"] += reused
+            m["bytes_downloaded"] += nbytes
+        result = RestoreResult(index_blob_id, index.checkpoint_id, reused_dir, downloaded, reused,
+                               nbytes, time.perf_counter() - t0)
+        log.info("restored %s into %s: %s", index_blob_id, target, result)
+        return result
+
+    def metrics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._metrics)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> RestoreManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- host affinity -------------------------------------------------------------------------
+    @staticmethod
+    def _remove_stale(target: Path) -> None:
+        """Staging and old folders of a restore that crashed before it finished."""
+        for pattern in (f".{target.name}.hr-restore-*", f".{target.name}.hr-old-*"):
+            for p in target.parent.glob(pattern):
+                shutil.rmtree(p, ignore_errors=True)
+
+    @staticmethod
+    def _local_matches(index: SnapshotIndex, target: Path) -> dict[str, Path]:
+        """Files of ``target`` equal (size + crc32) to the snapshot's file at the same path."""
+        out: dict[str, Path] = {}
+        for rel, f in index.dir_index.walk_files():
+            p = target / rel
+            try:
+                st = p.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_size == f.size and file_crc32(str(p)) == f.crc32:
+                    out[rel] = p
+            except OSError:
+                continue
+        return out
+
+    @staticmethod
+    def _same_tree(index: SnapshotIndex, target: Path) -> bool:
+        """No extra files or directories in ``target`` beyond the snapshot's."""
+        want_files = {rel for rel, _ in index.dir_index.walk_files()}
+        want_dirs = set(index.dir_index.walk_dirs())
+        for dirpath, dirnames, filenames in os.walk(target):
+            base = os.path.relpath(dirpath, target)
+            base = "" if base == "." else base.replace(os.sep, "/") + "/"
+            for d in dirnames:
+                if base + d not in want_dirs:
+                    return False
+            for name in filenames:
+                if base + name not in want_files:
+                    return False
+        return True
+
+    # -- download --------------------------------------------------------------------------------
+    def _rebuild(self, index: SnapshotIndex, target: Path, local: dict[str, Path]
+                 ) -> tuple[int, int, int]:
+        staging = target.parent / f".{target.name}.hr-restore-{new_ulid(self.clock)}"
+        staging.mkdir()
+        try:
+            for rel in index.dir_index.walk_dirs():
+                (staging / rel).mkdir()
+            result = self._fill(index, staging, local)
+            if self.fsync:
+                for rel in [*index.dir_index.walk_dirs(), ""]:
+                    _fsync_path(staging / rel)
+            old = target.parent / f".{target.name}.hr-old-{new_ulid(self.clock)}"
+            if target.exists():
+                os.rename(target, old)
+            os.rename(staging, target)
+            if self.fsync:
+                _fsync_path(target.parent)
+            shutil.rmtree(old, ignore_errors=True)
+            return result
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _fill(self, index: SnapshotIndex, staging: Path, local: dict[str, Path]
+              ) -> tuple[int, int, int]:
+        to_fetch: list[tuple[str, FileIndex]] = []
+        reused = 0
+        for rel, f in index.dir_index.walk_files():
+            dest = staging / rel
+            if rel in local:
+                try:
+                    os.link(local[rel], dest)
+                except OSError:
+                    shutil.copyfile(local[rel], dest)
+                os.chmod(dest, f.mode & 0o777)
+                reused += 1
+                continue
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                if f.size:
+                    os.ftruncate(fd, f.size)
+            finally:
+                os.close(fd)
+            to_fetch.append((rel, f))
+        total = sum(f.size for _, f in to_fetch)
+        tracker = ProgressTracker("download", len(to_fetch), total, self.progress)
+        remaining = {rel: len(f.blobs) for rel, f in to_fetch}
+        lock = threading.Lock()
+
+        def fetch(rel: str, f: FileIndex, blob: FileBlob) -> None:
+            key = self.blobs.blob_key(blob.blob_id)
+            data = self.blobs.get_blob(blob.blob_id)
+            if len(data) != blob.size:
+                raise FormatError(key, len(data), f"chunk at offset {blob.offset} of {rel!r} has "
+                                                  f"{len(data)} bytes, the index says {blob.size}")
+            actual = crc32(data)
+            if actual != blob.crc32:
+                raise ChecksumMismatch(key, 0, f"crc32 of chunk at offset {blob.offset} of "
+                                               f"{rel!r}", expected=blob.crc32, actual=actual)
+            fd = os.open(staging / rel, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                written = 0
+                while written < len(view):
+                    written += os.pwrite(fd, view[written:], blob.offset + written)
+            finally:
+                os.close(fd)
+            with lock:
+                remaining[rel] -= 1
+                last = remaining[rel] == 0
+            if last:
+                self._finish(staging / rel, f, rel)
+            tracker.add(files=int(last), nbytes=len(data))
+
+        futures: list[Future] = []
+        for rel, f in to_fetch:
+            if not f.blobs:
+                self._finish(staging / rel, f, rel)
+                tracker.add(files=1)
+            futures.extend(self._pool.submit(fetch, rel, f, b) for b in f.blobs)
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((fut for fut in done if fut.exception() is not None), None)
+        if failed is not None:
+            for fut in pending:
+                fut.cancel()
+            wait(pending)
+            raise failed.exception()  # type: ignore[misc]
+        with self._lock:
+            self._metrics["blobs_downloaded"] += len(futures)
+        return len(to_fetch), reused, total
+
+    def _finish(self, path: Path, f: FileIndex, rel: str) -> None:
+        """All chunks of a file are written: check the whole-file crc32, set mode and mtime."""
+        value = 0
+        for b in f.blobs:
+            value = crc32_combine(value, b.crc32, b.size)
+        if value != f.crc32:
+            raise ChecksumMismatch(None, None, f"crc32 of restored file {rel!r} (its chunks do "
+                                               f"not combine to the file's crc32)",
+                                   expected=f.crc32, actual=value)
+        if self.fsync and f.size:
+            _fsync_path(path, os.O_WRONLY)
+        os.chmod(path, f.mode & 0o777)
+        os.utime(path, ns=(f.mtime_ms * 1_000_000, f.mtime_ms * 1_000_000))
