@@ -1,1 +1,26 @@
-"""headrace.persist"""
+"""headrace.persist (seed 004): definite time-varying collections on the object store.
+
+See docs/persist.md. Entry point: :class:`PersistClient`.
+"""
+
+from headrace.persist.client import PersistClient, make_updates
+from headrace.persist.compaction import CompactionResult, SweepResult
+from headrace.persist.consensus import Consensus, ObjectStoreConsensus, VersionedData
+from headrace.persist.errors import (
+    ConsensusContended,
+    InvalidBounds,
+    LeaseExpired,
+    SinceViolation,
+    SnapshotTimeout,
+    TokenMismatch,
+    UpperMismatch,
+)
+from headrace.persist.handles import ListenEvent, ReadHandle, WriteHandle
+from headrace.persist.state import PartMeta, ShardState
+
+__all__ = [
+    "CompactionResult", "Consensus", "ConsensusContended", "InvalidBounds", "LeaseExpired",
+    "ListenEvent", "ObjectStoreConsensus", "PartMeta", "PersistClient", "ReadHandle",
+    "ShardState", "SinceViolation", "SnapshotTimeout", "SweepResult", "TokenMismatch",
+    "UpperMismatch", "VersionedData", "WriteHandle", "make_updates",
+]
