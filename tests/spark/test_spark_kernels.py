@@ -7,10 +7,9 @@ from collections import Counter
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from headrace.spark.kernels import W, AggregateKernel, DistinctKernel, JoinKernel
-
 from kernel_model import DictZSet  # noqa: I001  (tests/spark is on sys.path)
+
+from headrace.spark.kernels import AggregateKernel, DistinctKernel, JoinKernel, W
 
 ORDERS = pa.schema([("order_id", pa.int64()), ("customer_id", pa.int64()),
                     ("amount", pa.int64()), ("item", pa.string())])
