@@ -1,1 +1,26 @@
-"""headrace.spine"""
+"""headrace.spine: persistent Z-set state (seed 003, DBSP storage).
+
+Batch (immutable sorted consolidated Z-set, Arrow in memory, mmap'd HRSB file on disk), Spine
+(LSM of batches with background merges and a consolidated view), Cursor, BatchStore
+(LocalBatchStore: a locked storage directory; ReservoirBatchStore: reservoir pages) and Circuit
+(checkpoint / resume a group of spines). See docs/spine.md.
+"""
+
+from headrace.spine.batch import Batch, consolidate, zset_schema
+from headrace.spine.batchstore import BatchStore, LocalBatchStore
+from headrace.spine.catalog import CheckpointInfo, SpineManifest
+from headrace.spine.circuit import Circuit
+from headrace.spine.cursor import Cursor
+from headrace.spine.errors import (
+    CheckpointNotFound,
+    FingerprintMismatch,
+    SpineError,
+    StorageLocked,
+)
+from headrace.spine.spine import Spine, SpineConfig
+
+__all__ = [
+    "Batch", "BatchStore", "CheckpointInfo", "CheckpointNotFound", "Circuit", "Cursor",
+    "FingerprintMismatch", "LocalBatchStore", "Spine", "SpineConfig", "SpineError",
+    "SpineManifest", "StorageLocked", "consolidate", "zset_schema",
+]

@@ -1,0 +1,304 @@
+"""BatchStore: where spine batches and checkpoints live. LocalBatchStore keeps a directory.
+
+Directory layout (the DBSP storage directory, docs/spine.md):
+
+    LOCK                      fcntl lock: one process per directory
+    checkpoints.headrace      the catalog; atomically replacing it commits a checkpoint
+    <ULID>.batch              batch files (shared by checkpoints)
+    <uuid>/spine-<name>.dat   per checkpoint: each spine's batch list and metadata
+    *.mut                     a file being written; renamed when complete
+
+Every file is written as ``*.mut``, fsynced, renamed, and its directory fsynced. On open the
+store removes ``*.mut`` files, checkpoint folders the catalog does not name, and batch files no
+checkpoint references (left by merges or commits that never finished).
+"""
+
+from __future__ import annotations
+
+import abc
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from headrace.codec import new_ulid
+from headrace.errors import NotFound
+from headrace.spine.batch import Batch
+from headrace.spine.catalog import (
+    BATCH_NAME,
+    CheckpointInfo,
+    SpineManifest,
+    check_spine_name,
+    decode_catalog,
+    decode_manifest,
+    encode_catalog,
+    encode_manifest,
+)
+from headrace.spine.errors import CheckpointNotFound, StorageLocked
+
+log = logging.getLogger("headrace.spine.store")
+CATALOG = "checkpoints.headrace"
+
+
+class BatchStore(abc.ABC):
+    """The seam between spines and storage; ``BatchStoreTests`` is its contract."""
+
+    @abc.abstractmethod
+    def write_batch(self, batch: Batch, block_bytes: int = 64 * 1024) -> Batch:
+        """Persist ``batch``; return the persisted twin (same contents, named)."""
+
+    @abc.abstractmethod
+    def open_batch(self, name: str) -> Batch: ...
+
+    @abc.abstractmethod
+    def discard(self, names: list[str]) -> None:
+        """The caller no longer uses these batches; delete those no checkpoint needs."""
+
+    @abc.abstractmethod
+    def pin(self, names: list[str]) -> None:
+        """Keep these batches until the next commit_checkpoint records them."""
+
+    @abc.abstractmethod
+    def commit_checkpoint(self, step: int, fingerprint: str,
+                          manifests: dict[str, SpineManifest],
+                          identifier: str = "") -> CheckpointInfo:
+        """Record all manifests as one checkpoint: all or nothing."""
+
+    @abc.abstractmethod
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first."""
+
+    @abc.abstractmethod
+    def read_manifests(self, checkpoint_id: str) -> dict[str, SpineManifest]: ...
+
+    @abc.abstractmethod
+    def remove_checkpoint(self, checkpoint_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def batch_names(self) -> list[str]:
+        """Every batch the store holds (referenced or not)."""
+
+    @abc.abstractmethod
+    def gc(self) -> list[str]:
+        """Delete batches neither referenced by a checkpoint, pinned, nor in use; their names."""
+
+    def close(self) -> None:
+        """Release the store (locks, maps); the default holds none."""
+        return None
+
+    def metrics(self) -> dict:
+        return {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, parts) -> int:
+    """Write ``parts`` to ``path.mut``, fsync, rename over ``path``, fsync the directory."""
+    tmp = path.with_name(path.name + ".mut")
+    size = 0
+    with open(tmp, "wb") as f:
+        for p in parts:
+            f.write(p)
+            size += len(p) if not hasattr(p, "size") else p.size
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return size
+
+
+class LocalBatchStore(BatchStore):
+    """A storage directory on the local disk, locked for one process, read through mmap."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = True):
+        self.path = Path(path)
+        if create:
+            self.path.mkdir(parents=True, exist_ok=True)
+        elif not self.path.is_dir():
+            raise NotFound(str(self.path))
+        self._lock_fd = self._acquire_lock()
+        self._mu = threading.Lock()
+        self._live: set[str] = set()
+        self._pinned: set[str] = set()
+        self._counters = {"batches_written": 0, "bytes_written": 0, "batches_deleted": 0,
+                          "checkpoints": 0, "startup_gc_removed": 0}
+        try:
+            self._entries = self._read_catalog()
+            self._refs = self._referenced(self._entries)
+            self._counters["startup_gc_removed"] = len(self._startup_gc())
+        except BaseException:
+            self.close()
+            raise
+
+    def _acquire_lock(self) -> int:
+        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StorageLocked(f"storage directory {str(self.path)!r} is locked by another "
+                                f"user (pid {holder}); two circuits cannot share it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    # ---- catalog ------------------------------------------------------------------------
+    def _read_catalog(self) -> list[CheckpointInfo]:
+        p = self.path / CATALOG
+        if not p.exists():
+            return []
+        return decode_catalog(p.read_bytes(), str(p))
+
+    def _referenced(self, entries: list[CheckpointInfo]) -> set[str]:
+        refs: set[str] = set()
+        for e in entries:
+            for m in self.read_manifests(e.id).values():
+                refs.update(m.batches)
+        return refs
+
+    def _startup_gc(self) -> list[str]:
+        removed = []
+        keep_dirs = {e.id for e in self._entries}
+        refs = self._refs
+        for child in self.path.iterdir():
+            name = child.name
+            if name.endswith(".mut"):
+                child.unlink(missing_ok=True) if not child.is_dir() else shutil.rmtree(child)
+                removed.append(name)
+            elif child.is_dir() and name not in keep_dirs and len(name) == 32:
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(name)
+            elif name.endswith(".batch") and name not in refs:
+                child.unlink(missing_ok=True)
+                removed.append(name)
+        for d in keep_dirs:
+            for child in (self.path / d).glob("*.mut"):
+                child.unlink(missing_ok=True)
+                removed.append(f"{d}/{child.name}")
+        if removed:
+            fsync_dir(self.path)
+            log.info("startup gc in %s removed %d files", self.path, len(removed))
+        return removed
+
+    # ---- batches ------------------------------------------------------------------------
+    def write_batch(self, batch: Batch, block_bytes: int = 64 * 1024) -> Batch:
+        name = f"{new_ulid()}.batch"
+        size = write_atomic(self.path / name, batch.encode(block_bytes))
+        with self._mu:
+            self._live.add(name)
+            self._counters["batches_written"] += 1
+            self._counters["bytes_written"] += size
+        return Batch.open_file(self.path / name, name)
+
+    def open_batch(self, name: str) -> Batch:
+        if not BATCH_NAME.match(name):
+            raise NotFound(name)
+        p = self.path / name
+        if not p.exists():
+            raise NotFound(str(p))
+        with self._mu:
+            self._live.add(name)
+        return Batch.open_file(p, name)
+
+    def discard(self, names: list[str]) -> None:
+        with self._mu:
+            refs = self._refs
+            for name in names:
+                if name is None:
+                    continue
+                self._live.discard(name)
+                if name not in refs and name not in self._pinned:
+                    (self.path / name).unlink(missing_ok=True)
+                    self._counters["batches_deleted"] += 1
+
+    def pin(self, names: list[str]) -> None:
+        with self._mu:
+            self._pinned.update(n for n in names if n)
+
+    def batch_names(self) -> list[str]:
+        return sorted(p.name for p in self.path.glob("*.batch"))
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def commit_checkpoint(self, step: int, fingerprint: str,
+                          manifests: dict[str, SpineManifest],
+                          identifier: str = "") -> CheckpointInfo:
+        ck = uuid.uuid4().hex
+        folder = self.path / ck
+        folder.mkdir()
+        for name, m in manifests.items():
+            check_spine_name(name)
+            write_atomic(folder / f"spine-{name}.dat", [encode_manifest(m)])
+        fsync_dir(self.path)
+        info = CheckpointInfo(ck, step, fingerprint, int(time.time() * 1000), identifier)
+        with self._mu:
+            entries = self._entries + [info]
+            write_atomic(self.path / CATALOG, [encode_catalog(entries)])  # the commit point
+            self._entries = entries
+            for m in manifests.values():
+                self._refs.update(m.batches)
+            self._pinned.clear()
+            self._counters["checkpoints"] += 1
+        return info
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        with self._mu:
+            return list(self._entries)
+
+    def read_manifests(self, checkpoint_id: str) -> dict[str, SpineManifest]:
+        folder = self.path / checkpoint_id
+        if len(checkpoint_id) != 32 or not folder.is_dir():
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found in {self.path}")
+        out = {}
+        for p in sorted(folder.glob("spine-*.dat")):
+            m = decode_manifest(p.read_bytes(), str(p))
+            out[m.name] = m
+        return out
+
+    def remove_checkpoint(self, checkpoint_id: str) -> None:
+        with self._mu:
+            entries = [e for e in self._entries if e.id != checkpoint_id]
+            if len(entries) == len(self._entries):
+                raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found")
+            write_atomic(self.path / CATALOG, [encode_catalog(entries)])
+            self._entries = entries
+            self._refs = self._referenced(entries)
+        shutil.rmtree(self.path / checkpoint_id, ignore_errors=True)
+        fsync_dir(self.path)
+        self.gc()
+
+    def gc(self) -> list[str]:
+        with self._mu:
+            keep = self._refs | self._pinned | self._live
+            removed = [n for n in self.batch_names() if n not in keep]
+            for n in removed:
+                (self.path / n).unlink(missing_ok=True)
+            self._counters["batches_deleted"] += len(removed)
+        return removed
+
+    def metrics(self) -> dict:
+        with self._mu:
+            return dict(self._counters, live_batches=len(self._live),
+                        checkpoints_kept=len(self._entries))
+
+    def close(self) -> None:
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
