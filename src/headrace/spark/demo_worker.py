@@ -1,0 +1,74 @@
+"""The pipeline process of ``headrace demo`` (a separate process so the demo can SIGKILL it).
+
+Prints one JSON line per event on stdout: {"event": "recovered"|"batch"|"done"|"verified", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def emit(**kw) -> None:
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--until-idle", action="store_true")
+    ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--verify-seed", type=int, default=None)
+    ap.add_argument("--customers", type=int, default=200)
+    ap.add_argument("--orders", type=int, default=20_000)
+    args = ap.parse_args(argv)
+
+    from headrace.spark.demo import (
+        OUTPUT_SHARD,
+        DemoSpec,
+        build_pipeline,
+        expected_totals,
+        generate_events,
+        normalize_totals,
+    )
+    from headrace.testing.spark import local_spark
+
+    t_start = time.perf_counter()
+    spark = local_spark("headrace-demo", master=args.master, shuffle_partitions=args.partitions,
+                        extra={"spark.sql.adaptive.enabled": "false"})
+    p = build_pipeline(spark, args.root, partitions=args.partitions,
+                       checkpoint_dir=args.checkpoint_dir)
+    p.on_batch = lambda info: emit(event="batch", **info)
+    t0 = time.perf_counter()
+    t = p.recover()
+    emit(event="recovered", time=t, recover_s=round(time.perf_counter() - t0, 3),
+         startup_s=round(time.perf_counter() - t_start, 3),
+         replayed=int(p.metrics["replayed_batches"]))
+    if args.until_idle:
+        p.run(until_idle=True)
+    else:
+        p.run(until_idle=False, processing_time="1 second", timeout_s=args.seconds)
+    counts = p.store.counts()
+    task = {k.removeprefix("task_"): int(v) for k, v in p.metrics.items()
+            if k.startswith("task_")}
+    emit(event="done", batches=int(p.metrics["batches"]), time=p.time,
+         batch_seconds=round(p.metrics["batch_seconds"], 3), driver_requests=counts,
+         task_requests=task, driver_cost_usd=p.store.cost_usd())
+    if args.verify_seed is not None:
+        spec = DemoSpec(seed=args.verify_seed, customers=args.customers, orders=args.orders)
+        want = normalize_totals(expected_totals(spark, generate_events(spec)))
+        got = normalize_totals(p.read_shard(OUTPUT_SHARD))
+        emit(event="verified", ok=got == want, rows=len(got), expected_rows=len(want),
+             got=got[:10], want=want[:10])
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
