@@ -1,0 +1,74 @@
+"""Consensus on the local folder, memory and a real S3 endpoint (moto), plus its small objects."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headrace.errors import FormatError
+from headrace.persist.consensus import (
+    ObjectStoreConsensus,
+    decode_seqno_object,
+    encode_seqno_object,
+)
+from headrace.store import CountingStore, LocalStore, MemoryStore, open_store
+from headrace.testing.consensus_conformance import ConsensusTests
+
+
+class TestLocalConsensus(ConsensusTests):
+    @pytest.fixture
+    def consensus(self, tmp_path):
+        return ObjectStoreConsensus(LocalStore(tmp_path / "s"), hint_every=4)
+
+
+class TestMemoryConsensus(ConsensusTests):
+    @pytest.fixture
+    def consensus(self):
+        return ObjectStoreConsensus(MemoryStore(), hint_every=4)
+
+
+class TestS3Consensus(ConsensusTests):
+    @pytest.fixture
+    def consensus(self, s3_url):
+        return ObjectStoreConsensus(open_store(s3_url), hint_every=4)
+
+
+def test_head_does_not_list_and_uses_few_requests():
+    store = CountingStore(MemoryStore())
+    c = ObjectStoreConsensus(store, hint_every=16)
+    for i in range(1, 200):
+        assert c.compare_and_set("s", i - 1 or None, b"v")
+    store.reset()
+    assert c.head("s").seqno == 199
+    counts = store.counts()
+    assert counts["lists"] == 0
+    assert counts["heads"] + counts["gets"] <= 16
+
+
+def test_corrupt_hint_is_ignored_corrupt_floor_is_loud(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    c = ObjectStoreConsensus(store, hint_every=2)
+    for i in range(1, 10):
+        c.compare_and_set("s", i - 1 or None, b"v%d" % i)
+    store.put(c.prefix("s") + "hint", b"garbage")
+    assert c.head("s").seqno == 9
+    store.put(c.prefix("s") + "hint", encode_seqno_object(10**6))  # a hint past the head
+    assert c.head("s").seqno == 9
+    store.put(c.prefix("s") + "floor", b"\x01" * 12)
+    with pytest.raises(FormatError):
+        c.head("s")
+
+
+@given(st.binary(max_size=24))
+def test_seqno_object_fuzz(data):
+    try:
+        value = decode_seqno_object(data, "k")
+    except FormatError:
+        return
+    assert encode_seqno_object(value) == data
+
+
+@given(st.integers(0, (1 << 63) - 1))
+def test_seqno_object_roundtrip(n):
+    assert decode_seqno_object(encode_seqno_object(n), "k") == n
