@@ -1,1 +1,24 @@
-"""headrace.reservoir"""
+"""headrace.reservoir: stream state as pages packed into immutable files on an object store.
+
+Seed 000 (Flowtide "Reservoir"): data files, incremental and snapshot checkpoints, a registry,
+data+checkpoint bundles, CRC32 per page / CRC64 per file, an in-flight buffer, a local disk cache,
+compaction and stream versions. See docs/reservoir.md.
+"""
+
+from headrace.reservoir.options import (
+    CacheFull,
+    ConcurrentWriter,
+    PageNotFound,
+    ReservoirFailed,
+    ReservoirOptions,
+)
+from headrace.reservoir.reader import ReservoirReader
+from headrace.reservoir.recovery import CheckpointNotFound
+from headrace.reservoir.runs import PageRun, PageRunWriter
+from headrace.reservoir.storage import ReservoirStorage, Session
+
+__all__ = [
+    "CacheFull", "CheckpointNotFound", "ConcurrentWriter", "PageNotFound", "PageRun",
+    "PageRunWriter", "ReservoirFailed", "ReservoirOptions", "ReservoirReader", "ReservoirStorage",
+    "Session",
+]

@@ -1,0 +1,314 @@
+"""Local disk cache of whole data files, fetched on a page miss, CRC-verified, LRU-evicted.
+
+- A miss downloads the whole file on a named worker pool; its CRC64 is checked before the file
+  is admitted (the reference skips this check; headrace does not).
+- Every page read checks the page's CRC32. A bad cached file is evicted and downloaded again
+  once; if it is still bad the error surfaces as ChecksumMismatch naming the object.
+- Eviction: least recently used first, but among the oldest few the least frequently used goes;
+  a background thread evicts once the cache passes ``cache_evict_from`` (80%) of its size; a
+  download that finds no evictable space waits (pinned files are in use) up to a timeout.
+- Files are named ``{file_id:016x}-{crc64:016x}.dat`` so a reused id can never alias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import secrets
+import threading
+import zlib
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from headrace.codec import crc64
+from headrace.errors import ChecksumMismatch
+from headrace.reservoir.options import CacheFull, ReservoirOptions
+from headrace.retry import DEFAULT_RETRY
+from headrace.store import ObjectStore
+
+log = logging.getLogger("headrace.reservoir.cache")
+_LRU_CANDIDATES = 8
+
+
+class _Entry:
+    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq")
+
+    def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool):
+        self.file_id, self.crc, self.path, self.size = file_id, crc, path, size
+        self.pins = 0
+        self.freq = 1
+        self.fd = -1
+        self.mm = None
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                self.fd = -1
+        if self.fd < 0 and size:
+            with open(path, "rb") as f:
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def read(self, off: int, size: int) -> bytes:
+        if self.mm is not None:
+            return self.mm[off:off + size]
+        if self.fd >= 0:  # O_DIRECT: block-aligned read into an aligned buffer
+            start = off & ~4095
+            end = -(-(off + size) // 4096) * 4096
+            buf = mmap.mmap(-1, end - start)
+            try:
+                n = os.preadv(self.fd, [buf], start)
+                return buf[off - start:min(off - start + size, n)]
+            finally:
+                buf.close()
+        return b""
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class LocalCache:
+    def __init__(self, cache_dir: str | os.PathLike, store: ObjectStore, options: ReservoirOptions,
+                 key_of, *, name: str = "reservoir"):
+        self.dir = Path(cache_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.store = store
+        self.opts = options
+        self.key_of = key_of  # file id -> object key
+        self.max_bytes = options.max_cache_size_bytes
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._inflight: dict[int, Future] = {}
+        self._used = 0
+        self._reserved = 0
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._pool = ThreadPoolExecutor(options.download_workers,
+                                        thread_name_prefix=f"headrace-{name}-download")
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._evictor = threading.Thread(target=self._evict_loop, name=f"headrace-{name}-evict",
+                                         daemon=True)
+        self._evictor.start()
+        self.stats = {"hits": 0, "misses": 0, "downloads": 0, "evictions": 0, "healed": 0,
+                      "registered": 0, "bytes_downloaded": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def retain_only(self, referenced: dict[int, int], *, delete_others: bool = True) -> None:
+        """Admit cached files still referenced (file id -> crc64); delete the rest."""
+        for p in self.dir.iterdir():
+            name = p.name
+            parsed = _parse(name)
+            if parsed is None or referenced.get(parsed[0]) != parsed[1]:
+                if delete_others or name.startswith(".tmp-"):
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        p.unlink()
+                continue
+            with self._lock:
+                if parsed[0] not in self._entries:
+                    self._add_entry(parsed[0], parsed[1], p, p.stat().st_size)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._evictor.join(timeout=5)
+        with self._lock:
+            for e in self._entries.values():
+                e.close()
+            self._entries.clear()
+
+    def metrics(self) -> dict:
+        with self._lock:
+            return dict(self.stats, files=len(self._entries), used_bytes=self._used,
+                        max_bytes=self.max_bytes)
+
+    # -- reads -----------------------------------------------------------------------------
+    def read_page(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
+                  page_crc: int) -> bytes:
+        for attempt in (1, 2):
+            entry = self._acquire(file_id, file_size, file_crc)
+            try:
+                data = entry.read(off, size)
+            finally:
+                self._release(entry)
+            if len(data) == size and zlib.crc32(data) == page_crc:
+                return data
+            key = self.key_of(file_id)
+            if attempt == 2:
+                raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size}) "
+                                       "(cached copy re-downloaded)", expected=page_crc,
+                                       actual=zlib.crc32(data))
+            log.warning("cached copy of %s fails a page crc32; evicting and re-downloading", key)
+            self.evict(file_id)
+            with self._lock:
+                self.stats["healed"] += 1
+        raise AssertionError("unreachable")
+
+    def get_if_present(self, file_id: int) -> bytes | None:
+        """Whole cached file, without touching LRU order or downloading (compaction reads)."""
+        with self._lock:
+            e = self._entries.get(file_id)
+            if e is None:
+                return None
+            e.pins += 1
+        try:
+            return e.read(0, e.size)
+        finally:
+            self._release(e)
+
+    def register(self, file_id: int, crc: int, data) -> None:
+        """Admit a file this process has just written (no download needed)."""
+        size = len(data)
+        if size > self.max_bytes:
+            return
+        try:
+            self._reserve(size)
+        except CacheFull:
+            return
+        try:
+            path = self._write(file_id, crc, data)
+        except OSError as e:
+            self._unreserve(size)
+            log.warning("cannot cache file %x: %s", file_id, e)
+            return
+        with self._lock:
+            self._reserved -= size
+            old = self._entries.pop(file_id, None)
+            if old is not None:
+                self._used -= old.size
+                old.close()
+            self._add_entry(file_id, crc, path, size)
+            self.stats["registered"] += 1
+        self._wake.set()
+
+    def evict(self, file_id: int) -> None:
+        with self._lock:
+            e = self._entries.pop(file_id, None)
+            if e is not None:
+                self._drop(e)
+
+    # -- internals -------------------------------------------------------------------------
+    def _add_entry(self, file_id: int, crc: int, path: Path, size: int) -> None:
+        self._entries[file_id] = _Entry(file_id, crc, path, size, self.opts.direct_io)
+        self._used += size
+
+    def _drop(self, e: _Entry) -> None:
+        self._used -= e.size
+        e.close()
+        with contextlib.suppress(FileNotFoundError):
+            e.path.unlink()
+        self.stats["evictions"] += 1
+        self._space.notify_all()
+
+    def _acquire(self, file_id: int, file_size: int, file_crc: int) -> _Entry:
+        while True:
+            with self._lock:
+                e = self._entries.get(file_id)
+                if e is not None and e.crc == file_crc:
+                    e.pins += 1
+                    e.freq += 1
+                    self._entries.move_to_end(file_id)
+                    self.stats["hits"] += 1
+                    return e
+                fut = self._inflight.get(file_id)
+                if fut is None:
+                    self.stats["misses"] += 1
+                    fut = self._pool.submit(self._download, file_id, file_size, file_crc)
+                    self._inflight[file_id] = fut
+                    fut.add_done_callback(lambda _f, fid=file_id: self._done(fid))
+            fut.result()  # raises the download's error to every waiter
+
+    def _done(self, file_id: int) -> None:
+        with self._lock:
+            self._inflight.pop(file_id, None)
+
+    def _release(self, e: _Entry) -> None:
+        with self._lock:
+            e.pins -= 1
+            if e.pins == 0:
+                self._space.notify_all()
+
+    def _download(self, file_id: int, file_size: int, file_crc: int) -> None:
+        key = self.key_of(file_id)
+        data = b""
+        for attempt in (1, 2):
+            data = DEFAULT_RETRY.call(lambda: self.store.get(key).data, what=f"get {key}")
+            with self._lock:
+                self.stats["downloads"] += 1
+                self.stats["bytes_downloaded"] += len(data)
+            actual = crc64(memoryview(data)[:file_size]) if len(data) >= file_size else -1
+            if actual == file_crc:
+                break
+            if attempt == 2:
+                raise ChecksumMismatch(key, 0, f"crc64 of data file (first {file_size} bytes)",
+                                       expected=file_crc, actual=max(actual, 0))
+            log.warning("download of %s fails its crc64; downloading once more", key)
+        self.evict(file_id)
+        self.register(file_id, file_crc, data)
+        with self._lock:
+            if file_id not in self._entries:
+                raise CacheFull(f"no cache space for {key} ({len(data)} bytes)")
+
+    def _write(self, file_id: int, crc: int, data) -> Path:
+        path = self.dir / f"{file_id:016x}-{crc:016x}.dat"
+        tmp = self.dir / f".tmp-{secrets.token_hex(6)}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return path
+
+    def _reserve(self, size: int) -> None:
+        with self._lock:
+            deadline_wait = self.opts.cache_wait_timeout_s
+            while self._used + self._reserved + size > self.max_bytes:
+                victim = self._victim()
+                if victim is not None:
+                    del self._entries[victim.file_id]
+                    self._drop(victim)
+                    continue
+                if not self._space.wait(timeout=deadline_wait):
+                    raise CacheFull(f"cache full ({self._used} bytes pinned or reserved)")
+            self._reserved += size
+
+    def _unreserve(self, size: int) -> None:
+        with self._lock:
+            self._reserved -= size
+
+    def _victim(self) -> _Entry | None:
+        """Among the least recently used unpinned entries, the least frequently used."""
+        cands = []
+        for e in self._entries.values():
+            if e.pins == 0:
+                cands.append(e)
+                if len(cands) >= _LRU_CANDIDATES:
+                    break
+        return min(cands, key=lambda e: e.freq) if cands else None
+
+    def _evict_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            with self._lock:
+                limit = self.opts.cache_evict_from * self.max_bytes
+                while self._used > limit:
+                    victim = self._victim()
+                    if victim is None:
+                        break
+                    del self._entries[victim.file_id]
+                    self._drop(victim)
+
+
+def _parse(name: str) -> tuple[int, int] | None:
+    if not name.endswith(".dat") or len(name) != 37 or name[16] != "-":
+        return None
+    try:
+        return int(name[:16], 16), int(name[17:33], 16)
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""The reservoir's byte formats: data files, checkpoints, registry (docs/formats/reservoir-*.md)."""

@@ -1,0 +1,81 @@
+"""ReservoirReader: read-only access as of one checkpoint version, for any process (executors)."""
+
+from __future__ import annotations
+
+from headrace.reservoir.batch import check_page_id
+from headrace.reservoir.keys import stream_prefix
+from headrace.reservoir.options import PageNotFound, ReservoirOptions, check_stream_name
+from headrace.reservoir.recovery import CheckpointLoader
+from headrace.reservoir.source import PageSource
+from headrace.reservoir.state import State
+from headrace.retry import DEFAULT_RETRY, RetryPolicy
+from headrace.store import ObjectStore, open_store
+
+
+class ReservoirReader:
+    """Pages as of checkpoint ``version``; never writes. A cache dir is optional (and may be
+    shared by readers of the same stream: files are immutable and named by id and CRC64)."""
+
+    def __init__(self, store: ObjectStore, stream: str, version: int | None,
+                 options: ReservoirOptions, cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY):
+        self.store = store
+        self.opts = options
+        self.prefix = stream_prefix(check_stream_name(stream), options.stream_version)
+        mode = options.registry
+        bundled = store.capabilities.listable if mode == "auto" else mode == "bundled"
+        self.loader = CheckpointLoader(store, self.prefix, bundled, options.max_checkpoint_bytes,
+                                       retry)
+        self._state: State = self.loader.load(version).state
+        self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
+        if self.source.cache is not None:
+            self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()},
+                                          delete_others=False)
+        self.reads = 0
+
+    @classmethod
+    def open(cls, store_or_url, stream: str = "default", version: int | None = None,
+             cache_dir=None, options: ReservoirOptions | None = None,
+             retry: RetryPolicy = DEFAULT_RETRY) -> ReservoirReader:
+        return cls(open_store(store_or_url), stream, version, options or ReservoirOptions(),
+                   cache_dir, retry)
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    def state(self) -> State:
+        return self._state
+
+    def read(self, page_id: int) -> bytes:
+        pid = check_page_id(page_id)
+        found = self._state.lookup(pid)
+        if found is None:
+            raise PageNotFound(pid, self._state.version)
+        fid, off, size, crc = found
+        row = self._state.files[fid]
+        self.reads += 1
+        return self.source.read(fid, row.size, row.crc64, off, size, crc)
+
+    def contains(self, page_id: int) -> bool:
+        return self._state.lookup(check_page_id(page_id)) is not None
+
+    def page_ids(self):
+        """Every page id as of this version (sorted, a read-only numpy view)."""
+        return self._state.ids
+
+    def metrics(self) -> dict:
+        m = {"version": self.version, "pages": len(self._state), "files": len(self._state.files),
+             "reads": self.reads, "checkpoint_gets": self.loader.gets,
+             "range_gets": self.source.range_gets}
+        if self.source.cache is not None:
+            m.update({f"cache_{k}": v for k, v in self.source.cache.metrics().items()})
+        return m
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

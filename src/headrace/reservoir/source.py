@@ -1,0 +1,60 @@
+"""Reading committed pages from the local cache or the object store (CRC32 on every read)."""
+
+from __future__ import annotations
+
+import zlib
+
+from headrace.errors import ChecksumMismatch
+from headrace.reservoir.cache import LocalCache
+from headrace.reservoir.keys import data_key
+from headrace.reservoir.options import ReservoirOptions
+from headrace.retry import DEFAULT_RETRY, RetryPolicy
+from headrace.store import ObjectStore
+
+
+class PageSource:
+    """Serves a page given its file and location; with a cache whole files are fetched."""
+
+    def __init__(self, store: ObjectStore, prefix: str, options: ReservoirOptions,
+                 cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY, name: str = "reservoir"):
+        self.store = store
+        self.prefix = prefix
+        self.retry = retry
+        self.cache: LocalCache | None = None
+        if cache_dir is not None:
+            self.cache = LocalCache(cache_dir, store, options, self.key, name=name)
+        self.range_gets = 0
+
+    def key(self, file_id: int) -> str:
+        return data_key(self.prefix, file_id)
+
+    def read(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
+             crc: int) -> bytes:
+        if self.cache is not None:
+            return self.cache.read_page(file_id, file_size, file_crc, off, size, crc)
+        key = self.key(file_id)
+        self.range_gets += 1
+        data = self.retry.call(lambda: self.store.get_range(key, off, off + size),
+                               what=f"get_range {key}")
+        actual = zlib.crc32(data)
+        if len(data) != size or actual != crc:
+            raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size})",
+                                   expected=crc, actual=actual)
+        return data
+
+    def read_whole(self, file_id: int) -> bytes:
+        """A whole file for compaction: from the cache if there, else the store (no cache fill)."""
+        if self.cache is not None:
+            data = self.cache.get_if_present(file_id)
+            if data is not None:
+                return data
+        key = self.key(file_id)
+        return self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+
+    def register(self, file_id: int, crc: int, data) -> None:
+        if self.cache is not None:
+            self.cache.register(file_id, crc, data)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()

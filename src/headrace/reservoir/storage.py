@@ -1,0 +1,395 @@
+"""ReservoirStorage: stream state as pages packed into immutable files, made durable by checkpoints.
+
+Write path: a Session writes pages into its own BlobFileWriter (full files go straight to the
+upload queue); ``commit`` moves its leftovers into the shared MergedBlobFileWriter and makes its
+pages readable by everyone (in-flight buffer). ``checkpoint`` makes everything committed durable
+as version N+1 with one conditional PUT when the leftovers and the checkpoint fit one file (a
+bundle), then deletes what no retained checkpoint references. The PUT of the checkpoint object
+(registry="bundled") or of the registry (registry="file") is the commit point: a crash before it
+leaves only orphans, which ``sweep_orphans`` removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from headrace.reservoir.batch import MISSING, PageBatch, check_page_id, new_writer, read_loc
+from headrace.reservoir.formats import registry as regfmt
+from headrace.reservoir.inflight import FileRef, Uploader
+from headrace.reservoir.keys import (
+    COUNTER_LIMIT,
+    bundle_id,
+    checkpoint_key,
+    data_key,
+    stream_prefix,
+)
+from headrace.reservoir.options import (
+    PageNotFound,
+    ReservoirFailed,
+    ReservoirOptions,
+    check_stream_name,
+)
+from headrace.reservoir.recovery import CheckpointLoader
+from headrace.reservoir.runs import PageRun
+from headrace.reservoir.source import PageSource
+from headrace.reservoir.state import NewFile, State
+from headrace.reservoir.versions import StreamVersions
+from headrace.retry import DEFAULT_RETRY, RetryPolicy
+from headrace.store import ObjectStore, open_store
+
+log = logging.getLogger("headrace.reservoir")
+
+
+class Session:
+    """One writer's uncommitted pages; ``commit`` hands them to the storage."""
+
+    def __init__(self, storage: ReservoirStorage):
+        self._storage = storage
+        self._generation = storage._generation
+        self._batch = PageBatch(storage.opts, storage._ship_full)
+
+    def _check(self) -> None:
+        if self._generation != self._storage._generation:  # the storage was reset: start over
+            self._batch.reset()
+            self._generation = self._storage._generation
+
+    def write(self, page_id: int, data) -> None:
+        self._check()
+        self._batch.write(page_id, data)
+
+    def delete(self, page_id: int) -> None:
+        self._check()
+        self._batch.delete(page_id)
+
+    def read(self, page_id: int) -> bytes:
+        """This session's own writes first, then the storage (in-flight, cache, store)."""
+        self._check()
+        loc = self._batch.read(check_page_id(page_id))
+        if loc is MISSING:
+            return self._storage.read(page_id)
+        data = read_loc(loc)
+        return data if data is not None else self._storage._read_uploaded(loc)
+
+    def commit(self) -> None:
+        self._check()
+        self._storage._commit_batch(self._batch)
+        self._batch = PageBatch(self._storage.opts, self._storage._ship_full)
+
+
+class ReservoirStorage:
+    def __init__(self, store: ObjectStore, stream: str, options: ReservoirOptions,
+                 cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY):
+        self.store = store
+        self.opts = options
+        self.stream = check_stream_name(stream)
+        self.prefix = stream_prefix(stream, options.stream_version)
+        self.retry = retry
+        mode = options.registry
+        self.bundled_registry = (store.capabilities.listable if mode == "auto"
+                                 else mode == "bundled")
+        self.loader = CheckpointLoader(store, self.prefix, self.bundled_registry,
+                                       options.max_checkpoint_bytes, retry)
+        self.source = PageSource(store, self.prefix, options, cache_dir, retry)
+        self.versions = StreamVersions(store, stream, options)
+        self._lock = threading.RLock()
+        self._ckpt_lock = threading.Lock()
+        self._generation = 0
+        self._closed = False
+        self._failure: BaseException | None = None
+        loaded = self.loader.load(None)
+        self._state: State = loaded.state
+        self._registry_etag = loaded.registry_etag
+        self._next_file_id = max(1, self._state.next_file_id)
+        self._committed: dict[int, tuple | None] = {}
+        self._new_files: dict[int, FileRef] = {}
+        self._merged = FileRef(new_writer(options))
+        self._uploader = Uploader(store, options.upload_workers, options.in_flight_capacity,
+                                  self._on_uploaded, retry)
+        self._stats = {"checkpoints": 0, "bundles": 0, "commits": 0, "absorbed_runs": 0,
+                       "deleted_objects": 0, "reads_inflight": 0, "reads_stored": 0}
+        self.last_checkpoint_puts = 0
+        if self.source.cache is not None:
+            self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()})
+        self.versions.mark_open()
+        self._versions_cleaned = False
+        self._collect_garbage(self._state.registry, self._state.registry)
+
+    # -- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, store_or_url, stream: str = "default", version: str | None = None,
+             options: ReservoirOptions | None = None, *, cache_dir=None,
+             retry: RetryPolicy = DEFAULT_RETRY) -> ReservoirStorage:
+        """Recover ``stream`` to its latest checkpoint. ``version`` names a stream version (a
+        separate prefix; overrides ``options.stream_version``)."""
+        opts = options or ReservoirOptions()
+        if version is not None:
+            opts = ReservoirOptions(**{**opts.__dict__, "stream_version": version})
+        return cls(open_store(store_or_url), stream, opts, cache_dir, retry)
+
+    @property
+    def version(self) -> int:
+        """The latest durable checkpoint version (0 before the first checkpoint)."""
+        return self._state.version
+
+    def session(self) -> Session:
+        self._check_open()
+        return Session(self)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read(self, page_id: int) -> bytes:
+        """Committed page bytes: in-flight buffer, then local cache, then the object store."""
+        pid = check_page_id(page_id)
+        with self._lock:
+            loc = self._committed.get(pid, MISSING)
+            state = self._state
+        if loc is None:
+            raise PageNotFound(pid)
+        if loc is not MISSING:
+            data = read_loc(loc)
+            if data is not None:
+                self._stats["reads_inflight"] += 1
+                return data
+            return self._read_uploaded(loc)
+        found = state.lookup(pid)
+        if found is None:
+            raise PageNotFound(pid, state.version)
+        fid, off, size, crc = found
+        row = state.files[fid]
+        self._stats["reads_stored"] += 1
+        return self.source.read(fid, row.size, row.crc64, off, size, crc)
+
+    def contains(self, page_id: int) -> bool:
+        try:
+            self.read(page_id)
+        except PageNotFound:
+            return False
+        return True
+
+    def _read_uploaded(self, loc) -> bytes:
+        ref, off, size, crc = loc
+        info = ref.info
+        self._stats["reads_stored"] += 1
+        return self.source.read(ref.file_id, info.size, info.crc64, ref.data_offset + off, size,
+                                crc)
+
+    # -- writes --------------------------------------------------------------------------------
+    def _alloc_file_id(self) -> int:
+        with self._lock:
+            fid = self._next_file_id
+            if fid >= COUNTER_LIMIT:
+                raise ReservoirFailed("driver file id space exhausted")
+            self._next_file_id += 1
+            return fid
+
+    def _ship_full(self, ref: FileRef) -> None:
+        """Finalize a full file and queue it for upload (blocks when the queue is full)."""
+        fid = self._alloc_file_id()
+        w = ref.writer
+        ref.data_offset = w.data_offset()
+        enc = w.finalize()
+        ref.file_id = fid
+        ref.info = NewFile(fid, len(enc.page_ids), int(enc.sizes.sum()), enc.data_end, enc.crc64)
+        self._uploader.submit(ref, data_key(self.prefix, fid), enc.data)
+
+    def _on_uploaded(self, ref: FileRef, data: bytes) -> None:
+        self.source.register(ref.file_id, ref.info.crc64, data)
+        ref.writer = None  # pages now come from the cache or the store
+
+    def _commit_batch(self, batch: PageBatch) -> None:
+        self._check_open()
+        if self._failure is not None:
+            raise ReservoirFailed(f"a checkpoint failed ({self._failure}); call reset()")
+        self._uploader.raise_if_failed()
+        ids, rel, sizes, crcs, blob = batch.leftovers()
+        with self._lock:
+            for ref in batch.full_refs:
+                self._new_files[ref.file_id] = ref
+            placed = self._add_leftovers(ids, rel, sizes, crcs, blob)
+            committed = self._committed
+            cur = batch.cur
+            for pid, loc in batch.pages.items():
+                if loc is None or loc[0] is not cur:
+                    committed[pid] = loc
+            for pid, loc in placed:
+                committed[pid] = loc
+            self._stats["commits"] += 1
+
+    def _add_leftovers(self, ids, offs, sizes, crcs, blob) -> list:
+        """Copy pages into the merged writer (shipping it whenever it fills); returns locs."""
+        out = []
+        n = len(ids)
+        i = 0
+        while i < n:
+            w = self._merged.writer
+            sizes_i = np.asarray(sizes[i:], np.int64)
+            base = len(w.data)
+            if w.pad:  # every page starts on a block boundary
+                sizes_i = -(-sizes_i // w.block) * w.block
+                base = -(-base // w.block) * w.block
+            counts = np.arange(1, len(sizes_i) + 1)
+            total = w._index_size(len(w) + counts) + base + np.cumsum(sizes_i)
+            fits = np.flatnonzero(total <= w.max_file_size)
+            take = int(fits[-1]) + 1 if len(fits) else (1 if len(w) == 0 else 0)
+            if take == 0:
+                self._ship_merged()
+                continue
+            ref = self._merged
+            new_rel = w.add_many(ids[i:i + take], offs[i:i + take], sizes[i:i + take],
+                                 crcs[i:i + take], blob)
+            out.extend(zip(ids[i:i + take].tolist(),
+                           [(ref, int(r), int(s), int(c)) for r, s, c in zip(
+                               new_rel.tolist(), sizes[i:i + take].tolist(),
+                               crcs[i:i + take].tolist(), strict=True)], strict=True))
+            i += take
+            if w.is_full():
+                self._ship_merged()
+        return out
+
+    def _ship_merged(self) -> None:
+        ref = self._merged
+        self._merged = FileRef(new_writer(self.opts))
+        if len(ref.writer):
+            self._ship_full(ref)  # assigns the file id
+            self._new_files[ref.file_id] = ref
+
+    def absorb(self, runs: list[PageRun]) -> None:
+        """Register files uploaded by tasks and merge the leftovers of all runs (driver side)."""
+        self._check_open()
+        self._uploader.raise_if_failed()
+        with self._lock:
+            for run in runs:
+                if run is None:
+                    continue
+                if run.prefix != self.prefix:
+                    raise ValueError(f"run {run.run_id!r} was written for {run.prefix!r}, "
+                                     f"not {self.prefix!r}")
+                refs = {}
+                for nf in run.files:
+                    refs[nf.file_id] = FileRef(None, nf.file_id, 0, nf)
+                    self._new_files[nf.file_id] = refs[nf.file_id]
+                c = self._committed
+                for pid, f, o, s, k in zip(run.file_page_ids.tolist(),
+                                           run.file_page_file_ids.tolist(),
+                                           run.file_page_offsets.tolist(),
+                                           run.file_page_sizes.tolist(),
+                                           run.file_page_crc32s.tolist(), strict=True):
+                    c[pid] = (refs[f], o, s, k)
+                for pid, loc in self._add_leftovers(run.leftover_ids, run.leftover_offsets,
+                                                    run.leftover_sizes, run.leftover_crc32s,
+                                                    run.leftover_data):
+                    c[pid] = loc
+                for pid in run.deleted_ids.tolist():
+                    c[pid] = None
+                self._stats["absorbed_runs"] += 1
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self) -> int:
+        """Make everything committed durable as checkpoint N+1; returns N+1."""
+        self._check_open()
+        with self._ckpt_lock, self._lock:
+            return self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> int:
+        from headrace.reservoir.writeout import write_checkpoint
+
+        if self._failure is not None:
+            raise ReservoirFailed(f"a previous checkpoint failed ({self._failure}); call reset()")
+        try:
+            return write_checkpoint(self)
+        except BaseException as e:
+            self._failure = e
+            raise
+
+    # -- maintenance -----------------------------------------------------------------------
+    def _collect_garbage(self, old_reg: regfmt.Registry, new_reg: regfmt.Registry) -> None:
+        """Delete files and checkpoint objects no retained checkpoint references."""
+        state = self._state
+        if len(new_reg) == 0:
+            return
+        oldest = int(new_reg.versions[0])
+        doomed = state.gc_plan(oldest)
+        keys = [data_key(self.prefix, f) for f in doomed]
+        keep_live = state.referenced_file_ids() - set(doomed)
+        retained = set(new_reg.versions.tolist())
+        for i, v in enumerate(old_reg.versions.tolist()):
+            if v in retained:
+                continue
+            if bool(old_reg.bundle[i]):
+                if bundle_id(v) not in keep_live:
+                    keys.append(checkpoint_key(self.prefix, v, snapshot=False, bundle=True))
+            else:
+                keys.append(checkpoint_key(self.prefix, v, snapshot=bool(old_reg.snapshot[i]),
+                                           bundle=False))
+        if keys:
+            keys = sorted(set(keys))
+            self.retry.call(lambda: self.store.delete_many(keys), what="delete unreferenced")
+            self._stats["deleted_objects"] += len(keys)
+        for f in doomed:
+            state.deleted_files.pop(f, None)
+            if self.source.cache is not None:
+                self.source.cache.evict(f)
+
+    def sweep_orphans(self, grace_s: float | None = None, now: float | None = None) -> list[str]:
+        """Delete data/checkpoint objects nothing references and older than the grace period."""
+        from headrace.reservoir.compaction import sweep_orphans
+
+        return sweep_orphans(self, self.opts.orphan_grace_s if grace_s is None else grace_s,
+                             time.time() if now is None else now)
+
+    def compact(self) -> int | None:
+        """Repack files below the live-ratio threshold; returns the checkpoint that made it
+        durable, or None when nothing needed compaction."""
+        from headrace.reservoir.compaction import compact
+
+        self._check_open()
+        return compact(self)
+
+    def reset(self) -> None:
+        """Drop everything not checkpointed (after a failure) and reset every session."""
+        with self._ckpt_lock, self._lock:
+            self._uploader.wait_idle()
+            self._uploader.clear_error()
+            self._failure = None
+            self._committed = {}
+            self._new_files = {}
+            self._merged = FileRef(new_writer(self.opts))
+            self._next_file_id = max(self._next_file_id, self._state.next_file_id)
+            self._generation += 1
+
+    def metrics(self) -> dict:
+        with self._lock:
+            m = dict(self._stats)
+            m.update(version=self._state.version, pages=len(self._state),
+                     files=len(self._state.files), pending_deletes=len(self._state.deleted_files),
+                     uncheckpointed_pages=len(self._committed),
+                     uploads_pending=self._uploader.pending(),
+                     uploaded_files=self._uploader.uploaded_files,
+                     uploaded_bytes=self._uploader.uploaded_bytes)
+        if self.source.cache is not None:
+            m.update({f"cache_{k}": v for k, v in self.source.cache.metrics().items()})
+        return m
+
+    def state(self) -> State:
+        return self._state
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ReservoirFailed("ReservoirStorage is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._uploader.close()
+        self.source.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

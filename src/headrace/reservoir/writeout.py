@@ -1,0 +1,158 @@
+"""Writing one checkpoint: bundle or separate files, the CRC chain, the commit PUT, cleanup.
+
+CRC chain (as the seed): the data part's CRC64 goes into the checkpoint's file row for the file;
+the checkpoint section's CRC64 goes into the registry entry; the registry's CRC64 into its footer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from headrace.codec import crc64
+from headrace.errors import AlreadyExists, PreconditionFailed
+from headrace.reservoir.formats import checkpoint as ckfmt
+from headrace.reservoir.formats import registry as regfmt
+from headrace.reservoir.formats.datafile import encode_bundle
+from headrace.reservoir.inflight import FileRef
+from headrace.reservoir.keys import bundle_id, checkpoint_key, registry_key
+from headrace.reservoir.options import ConcurrentWriter
+from headrace.reservoir.state import NewFile, PageChanges
+from headrace.store import CREATE, OVERWRITE, IfMatch
+
+if TYPE_CHECKING:
+    from headrace.reservoir.storage import ReservoirStorage
+
+log = logging.getLogger("headrace.reservoir")
+
+
+def _changes(committed: dict) -> PageChanges:
+    up_ids, fids, offs, sizes, crcs, dels = [], [], [], [], [], []
+    for pid, loc in committed.items():
+        if loc is None:
+            dels.append(pid)
+            continue
+        ref, off, size, crc = loc
+        up_ids.append(pid)
+        fids.append(ref.file_id)
+        offs.append(ref.data_offset + off)
+        sizes.append(size)
+        crcs.append(crc)
+    ids = np.array(up_ids, np.int64)
+    order = np.argsort(ids, kind="stable")
+    return PageChanges(ids[order], np.array(fids, np.uint64)[order],
+                       np.array(offs, np.uint32)[order], np.array(sizes, np.uint32)[order],
+                       np.array(crcs, np.uint32)[order], np.sort(np.array(dels, np.int64)))
+
+
+def _estimate(s: ReservoirStorage, snapshot: bool) -> int:
+    st = s._state
+    n = len(s._committed)
+    files = len(s._new_files) + 1 + (len(st.files) if snapshot else min(len(st.files), n))
+    pages = len(st) + n if snapshot else n
+    reg = len(st.registry) + 1
+    return (ckfmt.estimate_size(pages, n, files, files + len(st.deleted_files))
+            + regfmt.HEADER_SIZE + 16 * reg + 8 * (-(-reg // 32)) + 8)
+
+
+def write_checkpoint(s: ReservoirStorage) -> int:
+    s._uploader.raise_if_failed()
+    state = s._state
+    v = state.version + 1
+    snapshot = v % s.opts.snapshot_interval == 0
+    mw = s._merged.writer
+    bundle = (s.opts.bundle and len(mw) > 0
+              and mw.projected_size() + _estimate(s, snapshot) <= s.opts.max_file_size)
+    if not bundle:
+        s._ship_merged()
+    s._uploader.flush()  # every data file this checkpoint references is in the store
+    merged: FileRef = s._merged
+    if bundle:
+        merged.file_id = bundle_id(v)
+        merged.data_offset = mw.data_offset()
+    changes = _changes(s._committed)
+    base_files = [ref.info for ref in s._new_files.values()]
+    built: dict = {}
+
+    def build(bundle_crc: int, data_end: int) -> tuple[bytes, bytes]:
+        files = list(base_files)
+        if bundle:
+            files.append(NewFile(merged.file_id, len(mw), int(np.frombuffer(
+                mw.sizes, np.uint32).sum()), data_end, bundle_crc))
+        new_state, cp = state.next_checkpoint(v, snapshot, changes, files, s._next_file_id,
+                                              state.registry)
+        raw = ckfmt.encode(cp)
+        section = raw if bundle else ckfmt.compress(raw)
+        reg = state.registry.appended(v, snapshot, bundle, crc64(section))
+        new_state.registry = reg
+        built.update(state=new_state, section=section, reg=reg, files=files)
+        return section, regfmt.encode(reg)
+
+    if bundle:
+        enc = encode_bundle(mw, lambda crc, end, _offs: build(crc, end))
+        obj = enc.data
+        key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=True)
+    else:
+        section, reg_bytes = build(0, 0)
+        obj = ckfmt.encode_combined(snapshot, section, reg_bytes) if s.bundled_registry \
+            else section
+        key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=False)
+    new_state, new_reg = built["state"], built["reg"]
+    puts = _commit(s, key, obj, new_reg)
+    # committed: from here on, the new state is the truth
+    old_reg = state.registry
+    s._state = new_state
+    if bundle:
+        merged.info = built["files"][-1]
+        s.source.register(merged.file_id, merged.info.crc64, obj)
+        merged.writer = None
+    s._committed = {}
+    s._new_files = {}
+    s._merged = FileRef(_new_writer(s))
+    s._stats["checkpoints"] += 1
+    s._stats["bundles"] += int(bundle)
+    s.last_checkpoint_puts = puts
+    try:
+        s._collect_garbage(old_reg, new_reg)
+        if not s._versions_cleaned:
+            s._versions_cleaned = True
+            s.versions.cleanup()
+    except Exception as e:  # noqa: BLE001 - cleanup is retried by the next checkpoint/open
+        log.warning("cleanup after checkpoint %d failed (will be retried): %s", v, e)
+    log.debug("checkpoint %d: %d pages changed, bundle=%s, %d bytes", v, len(changes.ids),
+              bundle, len(obj))
+    return v
+
+
+def _commit(s: ReservoirStorage, key: str, obj: bytes, reg: regfmt.Registry) -> int:
+    """The commit PUT(s). Returns how many PUTs it took."""
+    store, retry = s.store, s.retry
+    if s.bundled_registry:
+        try:
+            retry.call(lambda: store.put(key, obj, CREATE), what=f"put {key}")
+        except AlreadyExists:
+            if store.get(key).data != obj:  # not our own put whose reply was lost
+                raise ConcurrentWriter(f"checkpoint {key!r} was written by another writer") \
+                    from None
+        return 1
+    retry.call(lambda: store.put(key, obj, OVERWRITE), what=f"put {key}")
+    rkey = registry_key(s.prefix)
+    reg_bytes = regfmt.encode(reg)
+    mode = IfMatch(s._registry_etag) if s._registry_etag else CREATE
+    try:
+        s._registry_etag = retry.call(lambda: store.put(rkey, reg_bytes, mode),
+                                      what=f"put {rkey}")
+    except (AlreadyExists, PreconditionFailed):
+        got = store.get(rkey)
+        if got.data != reg_bytes:
+            raise ConcurrentWriter(f"registry {rkey!r} was changed by another writer") from None
+        s._registry_etag = got.etag
+    return 2
+
+
+def _new_writer(s: ReservoirStorage):
+    from headrace.reservoir.batch import new_writer
+
+    return new_writer(s.opts)
