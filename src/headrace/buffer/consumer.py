@@ -200,10 +200,13 @@ class Consumer:
     def flush(self) -> None:
         """Dequeue every acked entry now."""
         with self._lock:
-            self._ready() if not self._closed else None
+            if not self._closed:
+                self._ready()
             if self._acked is not None and self._acked > self._dequeued_through:
-                self._queue.dequeue(self._acked)
+                self._queue.dequeue(self._acked)  # checks the epoch under the CAS
                 self._dequeued_through = self._acked
+            elif self._acked is not None:
+                self._check_epoch()
             self._acks_since_dequeue = 0
 
     # -- observability ---------------------------------------------------------------------------

@@ -109,11 +109,12 @@ class Producer:
         entries = list(entries)
         if not entries:
             raise InvalidInput("produce() needs at least one entry")
-        if not set(map(type, entries)) <= {bytes}:
-            try:
-                entries = list(map(bytes, entries))
-            except TypeError as e:
-                raise InvalidInput(f"entries must be bytes-like: {e}") from e
+        kinds = set(map(type, entries))
+        if not kinds <= {bytes}:
+            if not kinds <= {bytes, bytearray, memoryview}:
+                bad = sorted(k.__name__ for k in kinds - {bytes, bytearray, memoryview})
+                raise InvalidInput(f"entries must be bytes-like, got {', '.join(bad)}")
+            entries = list(map(bytes, entries))
         if not isinstance(metadata, bytes | bytearray | memoryview):
             raise InvalidInput(f"metadata must be bytes, got {type(metadata).__name__}")
         self._check_open()
