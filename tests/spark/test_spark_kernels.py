@@ -5,15 +5,25 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_model import DictZSet  # noqa: I001  (tests/spark is on sys.path)
 
 from headrace.spark.kernels import AggregateKernel, DistinctKernel, JoinKernel, W
+from headrace.spark.state import BucketState
 
 ORDERS = pa.schema([("order_id", pa.int64()), ("customer_id", pa.int64()),
                     ("amount", pa.int64()), ("item", pa.string())])
 CUSTOMERS = pa.schema([("customer_id", pa.int64()), ("region", pa.string())])
+
+
+def spine_state():
+    """The real thing: a headrace Spine (string keys/vals), as the pipeline's tasks use it."""
+    return BucketState(None, op=0, side=0, bucket=0)
+
+
+STATES = [DictZSet, spine_state]
 
 
 def as_counter(table: pa.Table, weight: str) -> Counter:
@@ -43,11 +53,12 @@ def integrate(out_tables, weight="diff") -> Counter:
     return Counter({k: v for k, v in total.items() if v})
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("make_state", STATES, ids=["model", "spine"])
+@settings(max_examples=40, deadline=None)
 @given(st.lists(order_rows, min_size=1, max_size=5))
-def test_aggregate_matches_recomputation(batches):
+def test_aggregate_matches_recomputation(make_state, batches):
     k = AggregateKernel(ORDERS, by=["customer_id"], aggs={"n": "count", "total": "sum(amount)"})
-    state = DictZSet()
+    state = make_state()
     outs = [k.apply(table(b, ORDERS), state) for b in batches]
     got = integrate(outs)
     # from scratch: per customer, Σw and Σw*amount; groups with Σw == 0 are absent
@@ -61,13 +72,14 @@ def test_aggregate_matches_recomputation(batches):
     assert got == want
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("make_state", STATES, ids=["model", "spine"])
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(order_rows, st.lists(
     st.tuples(st.integers(0, 4), st.sampled_from(["eu", "us", "apac"]),
               st.sampled_from([1, -1, 1])), max_size=4)), min_size=1, max_size=5))
-def test_join_matches_recomputation(batches):
+def test_join_matches_recomputation(make_state, batches):
     k = JoinKernel(ORDERS, CUSTOMERS, on=["customer_id"])
-    left, right = DictZSet(), DictZSet()
+    left, right = make_state(), make_state()
     outs = [k.apply(table(o, ORDERS), table(c, CUSTOMERS), left, right) for o, c in batches]
     got = integrate(outs)
     lz: Counter = Counter()
@@ -85,12 +97,13 @@ def test_join_matches_recomputation(batches):
     assert got == Counter({k: v for k, v in want.items() if v})
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("make_state", STATES, ids=["model", "spine"])
+@settings(max_examples=40, deadline=None)
 @given(st.lists(order_rows, min_size=1, max_size=5))
-def test_distinct_matches_recomputation(batches):
+def test_distinct_matches_recomputation(make_state, batches):
     schema = pa.schema([("customer_id", pa.int64()), ("item", pa.string())])
     k = DistinctKernel(schema)
-    state = DictZSet()
+    state = make_state()
     outs = []
     total: Counter = Counter()
     for b in batches:

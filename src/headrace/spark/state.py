@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from headrace.errors import FormatError, InvalidInput
+from headrace.spark.kernels import ZSET_SCHEMA
 from headrace.spine.batch import Batch
 from headrace.spine.spine import Spine, SpineConfig
 from headrace.store import CountingStore, open_store
@@ -78,7 +79,7 @@ class BucketState:
         self._new: list[Batch] = []
 
     def lookup_many(self, keys: pa.Array) -> pa.Table:
-        return self.spine.lookup_many(keys)
+        return self.spine.lookup_many(keys).cast(ZSET_SCHEMA)  # the spine keeps large_string
 
     def insert_updates(self, updates: pa.Table) -> None:
         if updates.num_rows == 0:
