@@ -24,7 +24,7 @@ def produce(url: str, producer_id: str, n: int, flush_interval_s: float) -> None
         i = 0
         while i < n:
             with ready:
-                ready.wait_for(lambda: len(handles) > i)
+                ready.wait_for(lambda i=i: len(handles) > i)
                 h = handles[i]
             h.watcher.await_durable()
             sys.stdout.write(f"{i}\n")
