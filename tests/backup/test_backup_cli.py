@@ -1,0 +1,31 @@
+"""`headrace backup create|ls|sweep` and `headrace restore` through click's runner."""
+
+from __future__ import annotations
+
+from backup_testlib import read_tree, sample_tree, write_tree
+from click.testing import CliRunner
+
+from headrace.cli.main import cli
+
+
+def test_cli_create_ls_restore_sweep(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, sample_tree())
+    url = str(tmp_path / "store")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["backup", "create", str(src), url, "--checkpoint-id", "c1",
+                              "--chunk-mb", "1"])
+    assert res.exit_code == 0, res.output
+    index_id = res.stdout.strip().splitlines()[-1]
+    res = runner.invoke(cli, ["backup", "ls", url], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and index_id in res.output and "committed" in res.output
+    res = runner.invoke(cli, ["restore", url, index_id, str(tmp_path / "dst")])
+    assert res.exit_code == 0, res.output
+    assert read_tree(tmp_path / "dst") == sample_tree()
+    res = runner.invoke(cli, ["backup", "sweep", url])
+    assert res.exit_code == 0 and "deleted 0 indexes" in res.output
+    res = runner.invoke(cli, ["restore", url, "01ARZ3NDEKTSV4RRFFQ69G5FAV-1", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "NotFound" in res.output
+    res = runner.invoke(cli, ["backup", "create", str(src), url, "--checkpoint-id", "c",
+                              "--workers", "0"])
+    assert res.exit_code == 2 and "upload_workers" in res.output
