@@ -258,7 +258,7 @@ class Batch:
         """(first key, last key) as Python values, or None when empty."""
         if not len(self):
             return None
-        if self._sparse is not None:
+        if self._check is not None and self._sparse is not None:  # from the verified index
             return self._sparse[1][0].as_py(), self._sparse[2][-1].as_py()
         col = self.table.column("key")
         return col[0].as_py(), col[-1].as_py()
