@@ -1,0 +1,114 @@
+"""Model-based test: random writes/deletes/commits/checkpoints/reopens/compactions vs a dict."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from headrace.reservoir import PageNotFound, ReservoirOptions, ReservoirStorage
+from headrace.store import LocalStore
+
+PIDS = st.integers(min_value=-3, max_value=12)
+
+
+class ReservoirModel(RuleBasedStateMachine):
+    registry = "bundled"
+
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="hr-res-model-")
+        self.store = LocalStore(self.dir + "/store", fsync=False)
+        self.opts = ReservoirOptions(max_file_size=4096, snapshot_interval=3,
+                                     registry=self.registry, in_flight_capacity=2,
+                                     compaction_ratio_threshold=0.5)
+        self.storage = self._open()
+        self.session = self.storage.session()
+        self.pending: dict[int, bytes | None] = {}
+        self.committed: dict[int, bytes] = {}
+        self.durable: dict[int, bytes] = {}
+        self.counter = 0
+
+    def _open(self):
+        return ReservoirStorage.open(self.store, options=self.opts, cache_dir=self.dir + "/cache")
+
+    @rule(pid=PIDS, size=st.integers(min_value=0, max_value=1500))
+    def write(self, pid, size):
+        self.counter += 1
+        data = bytes([self.counter % 251]) * size + self.counter.to_bytes(4, "little")
+        self.session.write(pid, data)
+        self.pending[pid] = data
+
+    @rule(pid=PIDS)
+    def delete(self, pid):
+        self.session.delete(pid)
+        self.pending[pid] = None
+
+    @rule()
+    def commit(self):
+        self.session.commit()
+        for pid, data in self.pending.items():
+            if data is None:
+                self.committed.pop(pid, None)
+            else:
+                self.committed[pid] = data
+        self.pending = {}
+        self.session = self.storage.session()
+
+    @rule()
+    def checkpoint(self):
+        v = self.storage.checkpoint()
+        assert v == self.storage.version
+        self.durable = dict(self.committed)
+
+    @rule()
+    def reopen(self):
+        self.storage.close()
+        self.storage = self._open()
+        self.session = self.storage.session()
+        self.pending = {}
+        self.committed = dict(self.durable)
+        self._check(self.durable)
+
+    @precondition(lambda self: not self.pending)
+    @rule()
+    def compact(self):
+        if self.storage.compact() is not None:
+            self.durable = dict(self.committed)
+
+    def _check(self, model):
+        for pid in range(-3, 13):
+            if pid in model:
+                assert bytes(self.storage.read(pid)) == model[pid], pid
+            else:
+                try:
+                    self.storage.read(pid)
+                except PageNotFound:
+                    continue
+                raise AssertionError(f"page {pid} should not exist")
+
+    @invariant()
+    def reads_match_committed(self):
+        self._check(self.committed)
+        for pid, data in self.pending.items():
+            if data is not None:
+                assert self.session.read(pid) == data
+
+    def teardown(self):
+        self.storage.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ReservoirModelFileRegistry(ReservoirModel):
+    registry = "file"
+
+
+SETTINGS = settings(max_examples=25, stateful_step_count=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+TestReservoirModel = ReservoirModel.TestCase
+TestReservoirModel.settings = SETTINGS
+TestReservoirModelFileRegistry = ReservoirModelFileRegistry.TestCase
+TestReservoirModelFileRegistry.settings = SETTINGS

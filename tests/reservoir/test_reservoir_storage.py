@@ -1,0 +1,268 @@
+"""ReservoirStorage end to end on the local store and on S3 (moto): the acceptance figures."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from headrace.reservoir import (
+    PageNotFound,
+    PageRunWriter,
+    ReservoirFailed,
+    ReservoirOptions,
+    ReservoirReader,
+    ReservoirStorage,
+)
+from headrace.store import CountingStore, FaultyStore, LocalStore, open_store
+
+SMALL = ReservoirOptions(max_file_size=256 * 1024, snapshot_interval=20)
+
+
+class KeyCountingStore(CountingStore):
+    """Counts deleted *keys* (CountingStore counts DeleteObjects requests)."""
+
+    def reset(self):
+        super().reset()
+        self.deleted_keys = 0
+
+    def delete(self, key):
+        self.deleted_keys += 1
+        super().delete(key)
+
+    def delete_many(self, keys):
+        keys = list(keys)
+        self.deleted_keys += len(keys)
+        super().delete_many(keys)
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store", fsync=False)
+    return open_store(request.getfixturevalue("s3_url"))
+
+
+def _fill(storage, pages: dict[int, bytes]) -> None:
+    s = storage.session()
+    for pid, data in pages.items():
+        s.write(pid, data)
+    s.commit()
+
+
+def test_write_commit_checkpoint_reopen(any_store, tmp_path):
+    pages = {i: os.urandom(100 + i) for i in range(50)}
+    with ReservoirStorage.open(any_store, options=SMALL, cache_dir=tmp_path / "c") as st:
+        s = st.session()
+        s.write(1, b"uncommitted")
+        assert s.read(1) == b"uncommitted"
+        with pytest.raises(PageNotFound):
+            st.read(1)  # not committed yet
+        for pid, data in pages.items():
+            s.write(pid, data)
+        s.delete(7)
+        s.commit()
+        del pages[7]
+        assert st.read(3) == pages[3]  # read-your-own-writes before any upload
+        assert st.checkpoint() == 1
+        assert st.read(3) == pages[3]
+    with ReservoirStorage.open(any_store, options=SMALL) as st:
+        assert st.version == 1
+        for pid, data in pages.items():
+            assert st.read(pid) == data
+        assert not st.contains(7)
+
+
+def test_bundle_is_one_put(any_store):
+    store = CountingStore(any_store)
+    with ReservoirStorage.open(store, options=SMALL) as st:
+        for round_ in range(3):
+            _fill(st, {i: os.urandom(2000) for i in range(10 * round_, 10 * round_ + 10)})
+            store.reset()
+            st.checkpoint()
+            c = store.counts()
+            assert (c["puts"], c["gets"], c["lists"]) == (1, 0, 0), c
+            assert st.metrics()["bundles"] == round_ + 1
+
+
+@pytest.mark.parametrize("bundle,expected", [(True, (20, 20)), (False, (40, 40))])
+def test_seed_cost_table_20_checkpoints(tmp_path, bundle, expected):
+    """Seed table: over 20 checkpoints, bundles cost 20 writes + 20 deletes = 40 operations;
+    separate data + checkpoint files cost 40 writes + 40 deletes = 80."""
+    store = KeyCountingStore(LocalStore(tmp_path, fsync=False))
+    opts = ReservoirOptions(max_file_size=256 * 1024, snapshot_interval=20, bundle=bundle,
+                            registry="bundled")
+    with ReservoirStorage.open(store, options=opts) as st:
+        for v in range(1, 41):
+            if v == 21:
+                store.reset()  # steady state: measure checkpoints 21..40
+            _fill(st, {i: os.urandom(1000) for i in range(4)})
+            st.checkpoint()
+        writes, deletes = store.counts()["puts"], store.deleted_keys
+    assert (writes, deletes) == expected
+    assert writes + deletes == (40 if bundle else 80)
+
+
+def test_recovery_reads_latest_snapshot_and_at_most_19_incrementals(tmp_path):
+    store = CountingStore(LocalStore(tmp_path, fsync=False))
+    with ReservoirStorage.open(store, options=SMALL) as st:
+        for v in range(1, 120):
+            _fill(st, {v % 7: v.to_bytes(4, "little")})
+            st.checkpoint()
+            if v in (100, 119):
+                store.reset()
+                with ReservoirStorage.open(store, options=SMALL) as again:
+                    gets = store.counts()["gets"]
+                    assert again.version == v
+                    assert again.read(v % 7) == v.to_bytes(4, "little")
+                assert gets == (1 if v == 100 else 20), (v, store.counts())
+
+
+def test_registry_file_mode_needs_no_list(tmp_path):
+    store = CountingStore(LocalStore(tmp_path, fsync=False))
+    opts = ReservoirOptions(max_file_size=256 * 1024, snapshot_interval=5, registry="file")
+    with ReservoirStorage.open(store, options=opts) as st:
+        for v in range(1, 8):
+            _fill(st, {v: b"x" * v})
+            store.reset()
+            st.checkpoint()
+            assert store.counts()["puts"] == 2  # bundle + registry
+    store.reset()
+    with ReservoirStorage.open(store, options=opts) as st:
+        assert st.version == 7 and st.read(6) == b"x" * 6
+    assert store.counts()["lists"] == 0
+
+
+def test_full_files_upload_in_parallel_and_stay_readable(any_store, tmp_path):
+    opts = ReservoirOptions(max_file_size=64 * 1024, in_flight_capacity=2)
+    pages = {i: os.urandom(3000) for i in range(200)}  # ~600 KB: about ten full files
+    with ReservoirStorage.open(any_store, options=opts, cache_dir=tmp_path / "c") as st:
+        s = st.session()
+        for pid, data in pages.items():
+            s.write(pid, data)
+            assert s.read(pid) == data
+        s.commit()
+        for pid in (0, 77, 199):
+            assert st.read(pid) == pages[pid]
+        st.checkpoint()
+        assert st.metrics()["uploaded_files"] >= 8
+    with ReservoirReader.open(any_store, options=opts) as r:
+        assert all(r.read(pid) == data for pid, data in pages.items())
+
+
+def test_page_runs_cross_process_absorb(any_store, tmp_path):
+    opts = ReservoirOptions(max_file_size=64 * 1024)
+    url_or_store = any_store
+    runs, model = [], {}
+    for task in range(4):
+        w = PageRunWriter(url_or_store, run_id=f"batch1-task{task}", options=opts)
+        for i in range(task * 100, task * 100 + (50 if task else 3)):
+            data = os.urandom(1500)
+            w.write(i, data)
+            model[i] = data
+        w.write(task * 100, b"rewritten")  # a newer copy supersedes the one in a full file
+        model[task * 100] = b"rewritten"
+        runs.append(pickle.loads(pickle.dumps(w.finish())))
+    assert sum(len(r.files) for r in runs) >= 3  # big tasks uploaded their own full files
+    store = CountingStore(any_store)
+    with ReservoirStorage.open(store, options=opts) as st:
+        st.absorb(runs)
+        assert st.read(100) == b"rewritten"
+        store.reset()
+        v = st.checkpoint()
+        assert store.counts()["puts"] == 1  # all leftovers of all tasks: one bundle
+    with ReservoirReader.open(any_store, version=v, options=opts,
+                              cache_dir=tmp_path / "rc") as r:
+        assert r.version == v
+        for pid, data in model.items():
+            assert r.read(pid) == data
+        assert r.contains(100) and not r.contains(5000)
+
+
+def test_orphans_of_failed_tasks_are_swept_after_grace(tmp_path):
+    store = LocalStore(tmp_path, fsync=False)
+    opts = ReservoirOptions(max_file_size=8192)
+    w = PageRunWriter(store, run_id="doomed", options=opts)
+    for i in range(10):
+        w.write(i, os.urandom(3000))
+    lost = w.finish()  # never absorbed: its files are orphans
+    assert lost.files
+    with ReservoirStorage.open(store, options=opts) as st:
+        _fill(st, {1: b"kept"})
+        st.checkpoint()
+        assert st.sweep_orphans(grace_s=3600) == []  # too young
+        swept = st.sweep_orphans(grace_s=0)
+        assert len(swept) == len(lost.files)
+        assert st.read(1) == b"kept"
+    with ReservoirStorage.open(store, options=opts) as st:
+        assert st.read(1) == b"kept"
+
+
+def test_upload_failure_surfaces_and_reset_recovers(tmp_path):
+    inner = LocalStore(tmp_path, fsync=False)
+    faulty = FaultyStore(inner, seed=1)
+    opts = ReservoirOptions(max_file_size=8192)
+    from headrace.retry import RetryPolicy
+
+    with ReservoirStorage.open(faulty, options=opts,
+                               retry=RetryPolicy(max_attempts=2, base_delay_s=0)) as st:
+        _fill(st, {0: b"durable"})
+        st.checkpoint()
+        faulty.set_faults(fail_rate=1.0, verbs=["put"])
+        s = st.session()
+        with pytest.raises(ReservoirFailed):
+            for i in range(10):
+                s.write(i, os.urandom(3000))  # fills files: uploads fail in the background
+            s.commit()
+            st.checkpoint()
+        faulty.clear()
+        st.reset()
+        assert st.read(0) == b"durable"
+        _fill(st, {1: b"after reset"})
+        assert st.checkpoint() == 2
+    with ReservoirStorage.open(inner, options=opts) as st:
+        assert st.read(0) == b"durable" and st.read(1) == b"after reset"
+
+
+def test_compaction_repacks_sparse_files(any_store):
+    store = KeyCountingStore(any_store)
+    opts = ReservoirOptions(max_file_size=64 * 1024, snapshot_interval=4)
+    model = {}
+    with ReservoirStorage.open(store, options=opts) as st:
+        for v in range(6):
+            pages = {v * 10 + i: os.urandom(2000) for i in range(10)}
+            model.update(pages)
+            _fill(st, pages)
+            st.checkpoint()
+        files_before = st.metrics()["files"]
+        v = st.compact()
+        assert v is not None and st.metrics()["files"] < files_before
+        assert st.compact() is None  # nothing left to compact
+        for _ in range(4):  # the next snapshot lets the old files go
+            st.checkpoint()
+        assert all(st.read(pid) == data for pid, data in model.items())
+    with ReservoirStorage.open(any_store, options=opts) as st:
+        assert all(st.read(pid) == data for pid, data in model.items())
+
+
+def test_stream_versions_keep_last(tmp_path):
+    store = LocalStore(tmp_path, fsync=False)
+    for i, name in enumerate(["v1", "v2", "v3"]):
+        opts = ReservoirOptions(stream_version=name, keep_last_stream_versions=1)
+        with ReservoirStorage.open(store, "orders", options=opts) as st:
+            _fill(st, {0: name.encode()})
+            st.checkpoint()
+        os.utime(tmp_path / "orders" / "versions" / name, (1000 + i, 1000 + i))
+    names = sorted(m.key.split("/")[-1] for m in store.list("orders/versions/"))
+    assert names == ["v2", "v3"]  # v1 deleted, one previous version kept
+    assert not list(store.list("orders/v/v1/"))
+    with ReservoirStorage.open(store, "orders", version="v2") as st:
+        assert st.read(0) == b"v2"
+
+
+def test_options_validate_fields():
+    for bad in (dict(max_file_size=10), dict(snapshot_interval=0), dict(registry="x"),
+                dict(compaction_ratio_threshold=2.0), dict(stream_version="../x")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ReservoirOptions(**bad)
