@@ -36,7 +36,7 @@ def all_keys(store, folder: str) -> set[str]:
 # stage -> (fault plan for set_faults, does the caller get to record the new index?)
 STAGES = {
     "upload": dict(fail_rate=1.0, verbs={"put"}, keys=lambda k: "/blobs/" in k),
-    "upload-partial": dict(fail_calls=range(5, 1000), verbs={"put"},
+    "upload-partial": dict(fail_calls=range(2, 1000), verbs={"put"},
                            keys=lambda k: "/blobs/" in k),
     "index-write": dict(fail_rate=1.0, verbs={"put"}, keys=lambda k: "/index/" in k),
     "cleanup-remove-ttl": dict(fail_rate=1.0, verbs={"put"}, keys=lambda k: "/permanent/" in k),

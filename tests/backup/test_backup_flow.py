@@ -37,8 +37,9 @@ def test_first_upload_and_restore_on_new_host(store, tmp_path):
         bm.cleanup(index_id)
         metrics = bm.metrics()
     assert metrics["files_uploaded"] == 7 and metrics["files_retained"] == 0
-    # 70,000 bytes in 8 KiB chunks -> 9 blobs; empty files have none
-    assert len(blob_keys(store)) == 9 + 1 + 1 + 1 + 3 + 2
+    # 70,000 bytes in 8 KiB chunks -> 9 blobs; files below 8 KiB share one pack blob (000002.sst,
+    # MANIFEST, CURRENT); empty files have no blob
+    assert len(blob_keys(store)) == 9 + 1 + 3 + 2
     with RestoreManager(store, config=CFG) as rm:
         result = rm.restore(index_id, tmp_path / "host2" / "state")
         index = rm.read_index(index_id)
@@ -62,9 +63,9 @@ def test_incremental_upload_sends_only_new_files(store, tmp_path):
         store.reset()
         second = bm.upload(src, "c2")
         puts = store.counts()["puts"]
-        # 2 chunks of the new SST + MANIFEST + CURRENT (mutable) + empty.txt (mutable, 0 blobs)
-        # + the index
-        assert puts == 2 + 1 + 1 + 1
+        # 2 chunks of the new SST + one pack of MANIFEST and CURRENT (mutable) + the index;
+        # empty.txt (mutable) has no blob
+        assert puts == 2 + 1 + 1
         old_blobs = blob_keys(store)
         bm.cleanup(second)
     index = RestoreManager(store, config=CFG).read_index(second)
@@ -72,7 +73,7 @@ def test_incremental_upload_sends_only_new_files(store, tmp_path):
     assert {f.file_name for f in index.dir_index.files_removed} == {
         "000002.sst", "MANIFEST-000001", "CURRENT", "empty.txt"}
     # cleanup deleted the removed files' blobs and the previous index
-    assert len(old_blobs - blob_keys(store)) == 3
+    assert len(old_blobs - blob_keys(store)) == 1  # the old pack: all its files are gone
     assert not store.exists(f"backup/index/{first}")
     assert store.exists(f"backup/permanent/{second}")
     expected = sample_tree()
@@ -225,3 +226,25 @@ def test_immutable_rewrite_of_small_file_is_detected_by_crc(tmp_path):
     with RestoreManager(LocalStore(tmp_path / "s"), config=CFG) as rm:
         rm.restore(second, tmp_path / "dst")
     assert (tmp_path / "dst" / "x.sst").read_bytes() == b"b" * 1000
+
+
+def test_small_files_share_a_pack_blob_until_all_are_removed(tmp_path):
+    store = CountingStore(LocalStore(tmp_path / "store"))
+    src = tmp_path / "src"
+    write_tree(src, {f"{i}.sst": bytes([i]) * 100 for i in range(5)})
+    with BackupManager(store, config=CFG) as bm:
+        store.reset()
+        bm.cleanup(bm.upload(src, "c1"))
+        assert store.counts()["puts"] == 1 + 1 + 1  # one pack, the index, the marker
+        assert len(blob_keys(store)) == 1
+        (src / "2.sst").unlink()
+        second = bm.upload(src, "c2")
+        bm.cleanup(second)
+        assert len(blob_keys(store)) == 1  # the pack still holds four live files
+        with RestoreManager(store, config=CFG) as rm:
+            rm.restore(second, tmp_path / "dst")
+        assert read_tree(tmp_path / "dst") == read_tree(src)
+        for p in src.iterdir():
+            p.unlink()
+        bm.cleanup(bm.upload(src, "c3"))
+        assert blob_keys(store) == set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from headrace.backup.blobs import BlobStore
@@ -94,7 +94,6 @@ class BackupManager:
             m["files_uploaded"] += len(added)
             m["files_retained"] += len(retained)
             m["files_removed"] += removed
-            m["blobs_uploaded"] += sum(len(f.blobs) for f in uploaded.values())
             m["bytes_uploaded"] += total
             m["bytes_retained"] += sum(f.size for f in retained)
         log.info("uploaded snapshot %s (checkpoint %s): %d files / %d bytes sent, %d retained",
@@ -143,45 +142,67 @@ class BackupManager:
     # -- uploads ---------------------------------------------------------------------------------
     def _upload_files(self, files: list[LocalFile], tracker: ProgressTracker
                       ) -> dict[str, FileIndex]:
+        """Upload chunks of large files and packs of small files in parallel."""
         chunk = self.config.chunk_size
-        futures: dict[str, list[Future]] = {}
+        tasks: list[list[tuple[LocalFile, int, int]]] = []  # each task = one blob
+        pack: list[tuple[LocalFile, int, int]] = []
+        pack_bytes = 0
+        for f in files:
+            if f.size == 0:
+                tracker.add(files=1)
+            elif f.size < self.config.pack_below:
+                if pack and pack_bytes + f.size > chunk:
+                    tasks.append(pack)
+                    pack, pack_bytes = [], 0
+                pack.append((f, 0, f.size))
+                pack_bytes += f.size
+            else:
+                tasks.extend([(f, off, min(chunk, f.size - off))] for off in range(0, f.size, chunk))
+        if pack:
+            tasks.append(pack)
         remaining: dict[str, int] = {}
+        for task in tasks:
+            for f, _, _ in task:
+                remaining[f.rel] = remaining.get(f.rel, 0) + 1
         remaining_lock = threading.Lock()
 
-        def upload_chunk(f: LocalFile, offset: int, size: int) -> FileBlob:
-            data = _read_exact(f, offset, size)
-            blob = FileBlob(self.blobs.put_blob(data), offset, size, crc32(data))
-            done = 0
-            with remaining_lock:
-                remaining[f.rel] -= 1
-                if remaining[f.rel] == 0:
-                    done = 1
-            tracker.add(files=done, nbytes=size)
-            return blob
+        def upload_blob(task: list[tuple[LocalFile, int, int]]) -> list[tuple[str, FileBlob]]:
+            parts = [_read_exact(f, off, size) for f, off, size in task]
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            blob_id = self.blobs.put_blob(data)
+            out = []
+            pos = 0
+            finished = 0
+            for (f, off, size), part in zip(task, parts, strict=True):
+                out.append((f.rel, FileBlob(blob_id, off, size, crc32(part), pos)))
+                pos += size
+                with remaining_lock:
+                    remaining[f.rel] -= 1
+                    finished += remaining[f.rel] == 0
+            tracker.add(files=finished, nbytes=len(data))
+            return out
 
-        all_futures: list[Future] = []
-        for f in files:
-            offsets = range(0, f.size, chunk)
-            remaining[f.rel] = len(offsets)
-            futures[f.rel] = [self._pool.submit(upload_chunk, f, off, min(chunk, f.size - off))
-                              for off in offsets]
-            all_futures.extend(futures[f.rel])
-            if not offsets:
-                tracker.add(files=1)
-        done, pending = wait(all_futures, return_when=FIRST_EXCEPTION)
+        futures = [self._pool.submit(upload_blob, task) for task in tasks]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((fut for fut in done if fut.exception() is not None), None)
         if failed is not None:
             for fut in pending:
                 fut.cancel()
             wait(pending)
             raise failed.exception()  # type: ignore[misc]
+        chunks: dict[str, list[FileBlob]] = {f.rel: [] for f in files}
+        for fut in futures:
+            for rel, blob in fut.result():
+                chunks[rel].append(blob)
         out: dict[str, FileIndex] = {}
         for f in files:
-            blobs = tuple(fut.result() for fut in futures[f.rel])
+            blobs = tuple(sorted(chunks[f.rel], key=lambda b: b.offset))
             value = 0
             for b in blobs:
                 value = crc32_combine(value, b.crc32, b.size)
             out[f.rel] = FileIndex(f.name, blobs, f.mtime_ms, f.ctime_ms, f.size, value, f.mode)
+        with self._lock:
+            self._metrics["blobs_uploaded"] += len(tasks)
         return out
 
     @property

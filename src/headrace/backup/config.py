@@ -19,6 +19,9 @@ class BackupConfig:
     """How snapshots are cut, uploaded and expired."""
 
     chunk_size: int = 16 << 20  # large files become several blobs of this size
+    # files smaller than this are packed, several to one blob of up to chunk_size (0: never);
+    # saves a PUT (and on the local store an fsync) per small file. None: min(256 KiB, chunk_size)
+    pack_below: int | None = None
     upload_workers: int = 4
     download_workers: int = 4
     ttl_ms: int = 30 * DAY_MS  # blobs of an uncommitted snapshot expire after this (seed: 30 d)
@@ -35,6 +38,11 @@ class BackupConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.chunk_size, int) or not 4096 <= self.chunk_size <= 1 << 32:
             raise ValueError(f"chunk_size must be an int in [4096, 2**32], got {self.chunk_size!r}")
+        if self.pack_below is None:
+            self.pack_below = min(256 << 10, self.chunk_size)
+        if not isinstance(self.pack_below, int) or not 0 <= self.pack_below <= self.chunk_size:
+            raise ValueError(f"pack_below must be an int in [0, chunk_size], got "
+                             f"{self.pack_below!r}")
         for name in ("upload_workers", "download_workers"):
             v = getattr(self, name)
             if not isinstance(v, int) or not 1 <= v <= 256:

@@ -56,12 +56,15 @@ def blob_expiry_ms(blob_id: str) -> int:
 
 @dataclass(frozen=True)
 class FileBlob:
-    """One chunk of a file: bytes [offset, offset + size) of the file live in blob ``blob_id``."""
+    """One chunk of a file: bytes [offset, offset + size) of the file are bytes
+    [blob_offset, blob_offset + size) of blob ``blob_id``. Large files have several chunks, each
+    its own blob (blob_offset 0); small files are packed, several to one blob."""
 
     blob_id: str
     offset: int
     size: int
     crc32: int
+    blob_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,8 @@ class SnapshotIndex:
 
 # -- encoding --------------------------------------------------------------------------------
 def _blob_json(b: FileBlob) -> dict:
-    return {"blobId": b.blob_id, "offset": b.offset, "size": b.size, "crc32": b.crc32}
+    return {"blobId": b.blob_id, "offset": b.offset, "size": b.size, "crc32": b.crc32,
+            "blobOffset": b.blob_offset}
 
 
 def _file_json(f: FileIndex) -> dict:
@@ -215,11 +219,12 @@ class _Decoder:
         expect = 0
         for i, raw in enumerate(self.list_(v["blobs"], f"{where}.blobs")):
             bw = f"{where}.blobs[{i}]"
-            b = self.obj(raw, bw, ("blobId", "offset", "size", "crc32"))
+            b = self.obj(raw, bw, ("blobId", "offset", "size", "crc32", "blobOffset"))
             blob = FileBlob(validate_blob_id(b["blobId"], key=self.key, what=f"{bw}.blobId"),
                             self.int_(b["offset"], f"{bw}.offset", 0, MAX_FILE_SIZE),
                             self.int_(b["size"], f"{bw}.size", 1, MAX_FILE_SIZE),
-                            self.int_(b["crc32"], f"{bw}.crc32", 0, 0xFFFFFFFF))
+                            self.int_(b["crc32"], f"{bw}.crc32", 0, 0xFFFFFFFF),
+                            self.int_(b["blobOffset"], f"{bw}.blobOffset", 0, MAX_FILE_SIZE))
             if blob.offset != expect:
                 raise self.fail(bw, f"offset {blob.offset} but the previous chunk ends at {expect}")
             expect += blob.size

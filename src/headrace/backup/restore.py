@@ -211,40 +211,52 @@ class RestoreManager:
             to_fetch.append((rel, f))
         total = sum(f.size for _, f in to_fetch)
         tracker = ProgressTracker("download", len(to_fetch), total, self.progress)
-        remaining = {rel: len(f.blobs) for rel, f in to_fetch}
+        # one task per blob: a chunk of a large file, or a pack of small files
+        by_blob: dict[str, list[tuple[str, FileIndex, FileBlob]]] = {}
+        remaining: dict[str, int] = {}
+        for rel, f in to_fetch:
+            remaining[rel] = len(f.blobs)
+            for b in f.blobs:
+                by_blob.setdefault(b.blob_id, []).append((rel, f, b))
         lock = threading.Lock()
 
-        def fetch(rel: str, f: FileIndex, blob: FileBlob) -> None:
-            key = self.blobs.blob_key(blob.blob_id)
-            data = self.blobs.get_blob(blob.blob_id)
-            if len(data) != blob.size:
-                raise FormatError(key, len(data), f"chunk at offset {blob.offset} of {rel!r} has "
-                                                  f"{len(data)} bytes, the index says {blob.size}")
-            actual = crc32(data)
-            if actual != blob.crc32:
-                raise ChecksumMismatch(key, 0, f"crc32 of chunk at offset {blob.offset} of "
-                                               f"{rel!r}", expected=blob.crc32, actual=actual)
-            fd = os.open(staging / rel, os.O_WRONLY)
-            try:
-                view = memoryview(data)
-                written = 0
-                while written < len(view):
-                    written += os.pwrite(fd, view[written:], blob.offset + written)
-            finally:
-                os.close(fd)
-            with lock:
-                remaining[rel] -= 1
-                last = remaining[rel] == 0
-            if last:
+        def fetch(blob_id: str, segments: list[tuple[str, FileIndex, FileBlob]]) -> None:
+            key = self.blobs.blob_key(blob_id)
+            data = memoryview(self.blobs.get_blob(blob_id))
+            finished = []
+            for rel, f, blob in segments:
+                part = data[blob.blob_offset:blob.blob_offset + blob.size]
+                if len(part) != blob.size:
+                    raise FormatError(key, len(data), f"blob too short: chunk at offset "
+                                                      f"{blob.offset} of {rel!r} needs bytes "
+                                                      f"[{blob.blob_offset}, "
+                                                      f"{blob.blob_offset + blob.size})")
+                actual = crc32(part)
+                if actual != blob.crc32:
+                    raise ChecksumMismatch(key, blob.blob_offset, f"crc32 of chunk at offset "
+                                           f"{blob.offset} of {rel!r}", expected=blob.crc32,
+                                           actual=actual)
+                fd = os.open(staging / rel, os.O_WRONLY)
+                try:
+                    written = 0
+                    while written < len(part):
+                        written += os.pwrite(fd, part[written:], blob.offset + written)
+                finally:
+                    os.close(fd)
+                with lock:
+                    remaining[rel] -= 1
+                    if remaining[rel] == 0:
+                        finished.append((rel, f))
+            for rel, f in finished:
                 self._finish(staging / rel, f, rel)
-            tracker.add(files=int(last), nbytes=len(data))
+            tracker.add(files=len(finished), nbytes=sum(s[2].size for s in segments))
 
-        futures: list[Future] = []
         for rel, f in to_fetch:
             if not f.blobs:
                 self._finish(staging / rel, f, rel)
                 tracker.add(files=1)
-            futures.extend(self._pool.submit(fetch, rel, f, b) for b in f.blobs)
+        futures: list[Future] = [self._pool.submit(fetch, blob_id, segments)
+                                 for blob_id, segments in by_blob.items()]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((fut for fut in done if fut.exception() is not None), None)
         if failed is not None:
