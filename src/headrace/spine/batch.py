@@ -80,6 +80,14 @@ def consolidate(table: pa.Table) -> pa.Table:
                                 schema=t.schema).combine_chunks()
 
 
+def sorted_unique(x: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (sort + neighbour compare; numpy's hash unique is slower here)."""
+    if len(x) < 2:
+        return np.sort(x)
+    s = np.sort(x)
+    return s[np.concatenate([[True], s[1:] != s[:-1]])]
+
+
 def _expand_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Concatenation of arange(lo[i], hi[i]) for all i, without a Python loop."""
     counts = hi - lo
@@ -292,8 +300,7 @@ class Batch:
         if n <= 1:
             return keys
         if pa.types.is_int64(keys.type):
-            k = keys.to_numpy()
-            return pa.array(k[np.concatenate([[True], k[1:] != k[:-1]])])
+            return pa.array(sorted_unique(keys.to_numpy()))
         diff = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         return keys.filter(pa.array(np.concatenate([[True], diff])))
 
@@ -341,8 +348,12 @@ class Batch:
         return self.table.slice(r0, r1 - r0)
 
     def lookup_many(self, keys: pa.Array | pa.ChunkedArray, *,
-                    hashes: np.ndarray | None = None) -> pa.Table:
-        """All rows whose key is in ``keys`` (no Python loop per key)."""
+                    hashes: np.ndarray | None = None, probe_sorted: bool = False) -> pa.Table:
+        """All rows whose key is in ``keys`` (no Python loop per key).
+
+        ``hashes`` (hash_keys of ``keys``) lets the Bloom filter drop absent keys first;
+        ``probe_sorted`` says int64 keys are already sorted and distinct.
+        """
         n = len(self)
         if n == 0 or len(keys) == 0:
             return self.table.slice(0, 0)
@@ -352,7 +363,9 @@ class Batch:
             if len(keys) == 0:
                 return self.table.slice(0, 0)
         if pa.types.is_int64(self.key_type):
-            probe = np.unique(keys.to_numpy())
+            probe = keys.to_numpy()
+            if not probe_sorted:
+                probe = sorted_unique(probe)
             col = self._int_keys()
             lo = np.searchsorted(col, probe, side="left")
             hi = np.searchsorted(col, probe, side="right")

@@ -16,12 +16,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.spine.batch import DEFAULT_BLOCK_BYTES, Batch, _as_key_array, consolidate
+from headrace.spine.batch import (
+    DEFAULT_BLOCK_BYTES,
+    Batch,
+    _as_key_array,
+    consolidate,
+    sorted_unique,
+)
 from headrace.spine.bloom import hash_keys
 from headrace.spine.errors import SpineError
 
@@ -320,11 +325,11 @@ class Spine:
             return self._finish([], bound, True)
         keys = _as_key_array(keys, self.schema.field("key").type)
         if pa.types.is_int64(keys.type):
-            keys = pa.array(np.unique(keys.to_numpy()))
+            keys = pa.array(sorted_unique(keys.to_numpy()))
         else:
             keys = pc.unique(keys)
         hashes = hash_keys(keys) if any(b.bloom_k for b in batches) else None
-        parts = [b.lookup_many(keys, hashes=hashes) for b in batches]
+        parts = [b.lookup_many(keys, hashes=hashes, probe_sorted=True) for b in batches]
         return self._finish(parts, bound, len(parts) == 1)
 
     def range(self, lo=None, hi=None) -> pa.Table:
