@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "headrace.cli.store_cmd",
     "headrace.cli.backup_cmd",
     "headrace.cli.demo_cmd",
+    "headrace.cli.spine_cmd",
 ]
 
 

@@ -38,7 +38,7 @@ from headrace.spine.catalog import (
     encode_catalog,
     encode_manifest,
 )
-from headrace.spine.errors import CheckpointNotFound, StorageLocked
+from headrace.spine.errors import CheckpointNotFound, SpineError, StorageLocked
 
 log = logging.getLogger("headrace.spine.store")
 CATALOG = "checkpoints.headrace"
@@ -126,8 +126,12 @@ def write_atomic(path: Path, parts) -> int:
 class LocalBatchStore(BatchStore):
     """A storage directory on the local disk, locked for one process, read through mmap."""
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True):
+    def __init__(self, path: str | os.PathLike, *, create: bool = True,
+                 read_only: bool = False):
         self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            create = False
         if create:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_dir():
@@ -141,23 +145,31 @@ class LocalBatchStore(BatchStore):
         try:
             self._entries = self._read_catalog()
             self._refs = self._referenced(self._entries)
-            self._counters["startup_gc_removed"] = len(self._startup_gc())
+            if not read_only:
+                self._counters["startup_gc_removed"] = len(self._startup_gc())
         except BaseException:
             self.close()
             raise
 
     def _acquire_lock(self) -> int:
+        if self.read_only and not (self.path / "LOCK").exists():
+            raise NotFound(str(self.path / "LOCK"))
         fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:  # readers (inspect, verify) share the lock; a circuit holds it alone
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise StorageLocked(f"storage directory {str(self.path)!r} is locked by another "
                                 f"user (pid {holder}); two circuits cannot share it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        if not self.read_only:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
         return fd
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise SpineError(f"storage directory {str(self.path)!r} is open read-only")
 
     # ---- catalog ------------------------------------------------------------------------
     def _read_catalog(self) -> list[CheckpointInfo]:
@@ -199,6 +211,7 @@ class LocalBatchStore(BatchStore):
 
     # ---- batches ------------------------------------------------------------------------
     def write_batch(self, batch: Batch, block_bytes: int = 64 * 1024) -> Batch:
+        self._writable()
         name = f"{new_ulid()}.batch"
         size = write_atomic(self.path / name, batch.encode(block_bytes))
         with self._mu:
@@ -218,6 +231,7 @@ class LocalBatchStore(BatchStore):
         return Batch.open_file(p, name)
 
     def discard(self, names: list[str]) -> None:
+        self._writable()
         with self._mu:
             refs = self._refs
             for name in names:
@@ -239,6 +253,7 @@ class LocalBatchStore(BatchStore):
     def commit_checkpoint(self, step: int, fingerprint: str,
                           manifests: dict[str, SpineManifest],
                           identifier: str = "") -> CheckpointInfo:
+        self._writable()
         ck = uuid.uuid4().hex
         folder = self.path / ck
         folder.mkdir()
@@ -272,6 +287,7 @@ class LocalBatchStore(BatchStore):
         return out
 
     def remove_checkpoint(self, checkpoint_id: str) -> None:
+        self._writable()
         with self._mu:
             entries = [e for e in self._entries if e.id != checkpoint_id]
             if len(entries) == len(self._entries):
@@ -284,6 +300,7 @@ class LocalBatchStore(BatchStore):
         self.gc()
 
     def gc(self) -> list[str]:
+        self._writable()
         with self._mu:
             keep = self._refs | self._pinned | self._live
             removed = [n for n in self.batch_names() if n not in keep]
