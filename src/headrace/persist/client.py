@@ -175,7 +175,8 @@ def make_updates(columns: dict, times, diffs=None) -> pa.Table:
     """Convenience: an update table from data columns, times and diffs (default +1)."""
     n = len(times)
     diffs = np.ones(n, dtype=np.int64) if diffs is None else np.asarray(diffs, dtype=np.int64)
-    cols = dict(columns)
-    cols[P.TIME] = pa.array(np.asarray(times, dtype=np.uint64))
-    cols[P.DIFF] = pa.array(diffs)
-    return pa.table(cols)
+    names = [*columns, P.TIME, P.DIFF]
+    arrays = [c if isinstance(c, pa.Array | pa.ChunkedArray) else pa.array(c)
+              for c in columns.values()]
+    arrays += [pa.array(np.asarray(times, dtype=np.uint64)), pa.array(diffs)]
+    return pa.Table.from_arrays(arrays, names=names)  # pa.table(dict) would import pandas
