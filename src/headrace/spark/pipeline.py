@@ -50,7 +50,6 @@ from headrace.spark.plan import (
 from headrace.spark.tasks import (
     BUCKET,
     SIDE,
-    TASK_OUTPUT_SCHEMA,
     OperatorSpec,
     TaskContextSpec,
     run_operator_partition,
@@ -62,7 +61,7 @@ from headrace.store import CountingStore, open_store
 log = logging.getLogger("headrace.spark.pipeline")
 STATE_KEY = "__state_version"
 GRAPH_KEY = "__graph"
-PROGRESS_SCHEMA = pa.schema([("source", pa.string()), ("address", pa.int64())])
+TASK_OUTPUT_DDL = "kind string, bucket int, payload binary"  # = tasks.TASK_OUTPUT_SCHEMA
 
 
 class PipelineError(HeadraceError):
@@ -87,7 +86,7 @@ class Pipeline:
         self.store = CountingStore(open_store(root))
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
-        self.progress_shard = f"{name}/progress"
+        self.progress_shard = f"{name}.progress"
         self.checkpoint_dir = checkpoint_dir or os.path.join(
             tempfile.gettempdir(), f"headrace-spark-{name}-{abs(hash(root)) % 10**8}")
         self.cache_dir = cache_dir
@@ -312,7 +311,7 @@ class Pipeline:
                                 inputs=[schema_to_bytes(s.schema) for s in node.sources],
                                 params=node.params)
             result = frame.repartition(self.partitions, BUCKET).mapInArrow(
-                _task_fn(spec, ctx), TASK_OUTPUT_SCHEMA).toArrow()
+                _task_fn(spec, ctx), TASK_OUTPUT_DDL).toArrow()
             out_parts = []
             for kind, payload in zip(result["kind"].to_pylist(), result["payload"].to_pylist(),
                                      strict=True):
