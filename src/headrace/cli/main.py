@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "headrace.cli.backup_cmd",
     "headrace.cli.demo_cmd",
     "headrace.cli.spine_cmd",
+    "headrace.cli.queue_cmd",
 ]
 
 

@@ -1,0 +1,211 @@
+"""``spark.readStream.format("headrace.queue")``: the buffer's queue as a streaming source.
+
+Offsets are ``{"sequence": N}``: N is the next queue sequence to read, so a micro-batch from
+start to end covers the entries ``start <= sequence < end``. The driver-side reader owns one
+``Consumer`` (its ``initialize`` bumps the epoch, fencing any earlier query on the queue);
+``latestOffset`` reads the manifest epoch-checked, ``partitions`` hands each task the locations
+and metadata of its batches, and ``read`` (in executors) fetches those batch files directly —
+stateless, never touching the manifest. ``commit(end)`` acks through ``end - 1`` and dequeues.
+
+Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
+``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
+``gc_interval_s`` / ``gc_grace_period_s`` (the consumer's collector; 0 turns it off).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
+)
+
+from headrace.buffer import Consumer, ConsumerConfig, ManifestEntry, list_entries, read_manifest
+from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
+from headrace.buffer.config import DEFAULT_MANIFEST_PATH
+from headrace.errors import FormatError, HeadraceError
+from headrace.retry import RetryPolicy
+from headrace.store import open_store
+
+log = logging.getLogger("headrace.spark.queue_source")
+
+SCHEMA = "sequence long, index int, entry binary, ingestion_time_ms long, metadata binary"
+ARROW_SCHEMA = pa.schema([("sequence", pa.int64()), ("index", pa.int32()),
+                          ("entry", pa.binary()), ("ingestion_time_ms", pa.int64()),
+                          ("metadata", pa.binary())])
+
+
+class QueuePartition(InputPartition):
+    """The batches one task reads: (sequence, location, metadata items) each."""
+
+    def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]]):
+        super().__init__(batches[0][0] if batches else 0)
+        self.url = url
+        self.batches = batches
+
+
+def _int_option(options, name: str, default: int | None, minimum: int) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValueError(f"option {name}: not an integer: {raw!r}") from e
+    if value < minimum:
+        raise ValueError(f"option {name}: must be >= {minimum}, got {value}")
+    return value
+
+
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options) -> None:
+        url = options.get("url")
+        if not url:
+            raise ValueError("option url: required (the store URL holding the queue)")
+        self.url = url
+        self.manifest_path = options.get("manifest_path", DEFAULT_MANIFEST_PATH)
+        self.max_batches = _int_option(options, "max_batches_per_trigger", None, 1)
+        self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
+        self.gc_interval_s = float(options.get("gc_interval_s", "300"))
+        self.gc_grace_period_s = float(options.get("gc_grace_period_s", "600"))
+        self._consumer: Consumer | None = None
+        self._target: int | None = None  # availableNow: never read past this sequence
+        self._planned: dict[int, ManifestEntry] = {}
+
+    def __getstate__(self) -> dict:
+        # Spark pickles the reader to ship read() to executors: they get no consumer
+        state = dict(self.__dict__)
+        state["_consumer"] = None
+        state["_planned"] = {}
+        return state
+
+    @property
+    def consumer(self) -> Consumer:
+        """The driver-side consumer, created (and the epoch bumped) on first use."""
+        if self._consumer is None:
+            consumer = Consumer(ConsumerConfig(
+                url=self.url, manifest_path=self.manifest_path, gc_interval_s=self.gc_interval_s,
+                gc_grace_period_s=self.gc_grace_period_s))
+            consumer.initialize()  # fences any earlier query on this queue
+            self._consumer = consumer
+        return self._consumer
+
+    # -- offsets -----------------------------------------------------------------------------
+    def initialOffset(self) -> dict:
+        pending = self.consumer.pending_entries(1)
+        if pending:
+            return {"sequence": pending[0].sequence}
+        return {"sequence": read_manifest(self.consumer.store, self.manifest_path).next_sequence}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_batches is not None:
+            return ReadMaxFiles(self.max_batches)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = read_manifest(self.consumer.store, self.manifest_path).next_sequence
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = int(start["sequence"])
+        entries = [e for e in self.consumer.pending_entries() if e.sequence >= begin]
+        if self._target is not None:
+            entries = [e for e in entries if e.sequence < self._target]
+        if isinstance(limit, ReadMaxFiles):
+            entries = entries[: max(1, limit.max_files)]
+        elif not isinstance(limit, ReadAllAvailable):
+            log.debug("read limit %r is not supported; reading all available", limit)
+        for e in entries:
+            self._planned[e.sequence] = e
+        return {"sequence": entries[-1].sequence + 1 if entries else begin}
+
+    def reportLatestOffset(self) -> dict | None:
+        return {"sequence": read_manifest(self.consumer.store, self.manifest_path).next_sequence}
+
+    # -- planning and reading ----------------------------------------------------------------
+    def partitions(self, start: dict, end: dict) -> list[QueuePartition]:
+        lo, hi = int(start["sequence"]), int(end["sequence"])
+        if hi <= lo:
+            return []
+        wanted = range(lo, hi)
+        if not all(s in self._planned for s in wanted):  # a restarted query replaying a batch
+            for e in list_entries(self.consumer.store, self.manifest_path, lo - 1):
+                self._planned[e.sequence] = e
+        missing = [s for s in wanted if s not in self._planned]
+        if missing:
+            raise HeadraceError(
+                f"queue {self.manifest_path!r} no longer holds sequences {missing[0]}.."
+                f"{missing[-1]} of the micro-batch [{lo}, {hi}): they were dequeued")
+        batches = [(s, self._planned[s].location,
+                    [(m.start_index, m.ingestion_time_ms, m.payload)
+                     for m in self._planned[s].metadata]) for s in wanted]
+        n = self.batches_per_partition
+        return [QueuePartition(self.url, batches[i : i + n]) for i in range(0, len(batches), n)]
+
+    def read(self, partition: QueuePartition) -> Iterator[pa.RecordBatch]:
+        store = open_store(partition.url)
+        retry = RetryPolicy()
+        for sequence, location, metadata in partition.batches:
+            data = retry.call(lambda loc=location: store.get(loc).data, what=f"read {location}")
+            yield batch_to_arrow(data, sequence, location, metadata)
+
+    def commit(self, end: dict) -> None:
+        through = int(end["sequence"]) - 1
+        if through >= 0:
+            self.consumer.ack_through(through)
+            self.consumer.flush()
+        for s in [s for s in self._planned if s <= through]:
+            del self._planned[s]
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+
+
+def batch_to_arrow(data: bytes, sequence: int, location: str,
+                   metadata: list[tuple[int, int, bytes]],
+                   max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> pa.RecordBatch:
+    """One batch file as an Arrow record batch of the source's schema (vectorised)."""
+    block = decode_block(data, location, max_batch_bytes)
+    n = len(block.starts)
+    values, offsets = block.values_and_offsets()
+    if offsets[-1] >= 2**31:
+        raise FormatError(location, None, "batch holds more than 2 GiB of entry bytes")
+    entry = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                   pa.py_buffer(values)])
+    md_starts = np.array([m[0] for m in metadata], dtype=np.int64)
+    if len(md_starts) and (np.any(np.diff(md_starts) < 0) or md_starts[-1] > n):
+        raise FormatError(location, None, f"metadata start indexes {md_starts.tolist()} are "
+                          f"not ascending within the batch's {n} records")
+    ids = np.searchsorted(md_starts, np.arange(n), side="right") - 1
+    take = pa.array(ids, mask=ids < 0)
+    times = pa.array([m[1] for m in metadata], pa.int64()).take(take)
+    payloads = pa.array([m[2] for m in metadata], pa.binary()).take(take)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.full(n, sequence, dtype=np.int64)), pa.array(np.arange(n, dtype=np.int32)),
+         entry, times, payloads], schema=ARROW_SCHEMA)
+
+
+class QueueDataSource(DataSource):
+    """The ``headrace.queue`` streaming data source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "headrace.queue"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema) -> QueueStreamReader:
+        return QueueStreamReader(self.options)
+
+
+def register(spark) -> None:
+    """Make ``spark.readStream.format("headrace.queue")`` available in this session."""
+    spark.dataSource.register(QueueDataSource)
