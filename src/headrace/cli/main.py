@@ -15,6 +15,7 @@ from headrace import __version__
 
 COMMAND_MODULES = [
     "headrace.cli.store_cmd",
+    "headrace.cli.reservoir_cmd",
     "headrace.cli.backup_cmd",
     "headrace.cli.demo_cmd",
     "headrace.cli.spine_cmd",
