@@ -17,10 +17,11 @@ from headrace.spine.errors import (
     SpineError,
     StorageLocked,
 )
+from headrace.spine.reservoir_store import ReservoirBatchStore
 from headrace.spine.spine import Spine, SpineConfig
 
 __all__ = [
     "Batch", "BatchStore", "CheckpointInfo", "CheckpointNotFound", "Circuit", "Cursor",
-    "FingerprintMismatch", "LocalBatchStore", "Spine", "SpineConfig", "SpineError",
+    "FingerprintMismatch", "LocalBatchStore", "ReservoirBatchStore", "Spine", "SpineConfig", "SpineError",
     "SpineManifest", "StorageLocked", "consolidate", "zset_schema",
 ]
