@@ -17,7 +17,7 @@ from pathlib import Path
 
 from headrace.backup.blobs import BlobStore
 from headrace.backup.config import BackupConfig
-from headrace.backup.crc import crc32_combine
+from headrace.backup.crc import combine_chunks
 from headrace.backup.diff import DirDiffer, LocalFile, build_dir_index
 from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
 from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
@@ -197,9 +197,7 @@ class BackupManager:
         out: dict[str, FileIndex] = {}
         for f in files:
             blobs = tuple(sorted(chunks[f.rel], key=lambda b: b.offset))
-            value = 0
-            for b in blobs:
-                value = crc32_combine(value, b.crc32, b.size)
+            value = combine_chunks((b.crc32, b.size) for b in blobs)
             out[f.rel] = FileIndex(f.name, blobs, f.mtime_ms, f.ctime_ms, f.size, value, f.mode)
         with self._lock:
             self._metrics["blobs_uploaded"] += len(tasks)

@@ -26,26 +26,37 @@ def _gf2_square(mat: list[int]) -> list[int]:
     return [_gf2_times(mat, mat[n]) for n in range(32)]
 
 
+def _zero_operators() -> list[list[int]]:
+    """_ZEROS[k]: the operator that appends 2**k zero bytes to a CRC (computed once)."""
+    op = [_POLY] + [1 << n for n in range(31)]  # one zero bit
+    for _ in range(3):  # 2, 4, 8 zero bits = one zero byte
+        op = _gf2_square(op)
+    out = [op]
+    for _ in range(63):
+        op = _gf2_square(op)
+        out.append(op)
+    return out
+
+
+_ZEROS = _zero_operators()
+
+
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC32 of the concatenation A+B, where crc1 = crc32(A), crc2 = crc32(B), len2 = len(B)."""
-    if len2 < 0:
-        raise ValueError("len2 must be >= 0")
-    if len2 == 0:
-        return crc1 & 0xFFFFFFFF
-    odd = [_POLY] + [1 << n for n in range(31)]  # operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:
-        even = _gf2_square(odd)  # first pass: one zero byte
+    if len2 < 0 or len2 >= 1 << 64:
+        raise ValueError("len2 must be in [0, 2**64)")
+    k = 0
+    while len2:
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(_ZEROS[k], crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
+        k += 1
     return (crc1 ^ crc2) & 0xFFFFFFFF
+
+
+def combine_chunks(chunks) -> int:
+    """Whole-file CRC32 from (crc32, size) of consecutive chunks."""
+    value = 0
+    for i, (crc, size) in enumerate(chunks):
+        value = crc if i == 0 else crc32_combine(value, crc, size)
+    return value
