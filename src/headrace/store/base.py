@@ -140,7 +140,7 @@ class ObjectStore(abc.ABC):
         """A filesystem path for ``key`` when ``capabilities.local_path``; else None."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release resources; the default holds none."""
 
     def __enter__(self):

@@ -67,16 +67,23 @@ class CountingStore(ObjectStore):
                 + c["list"] * p.list_per_1000 + c["head"] * p.head_per_1000
                 + c["delete"] * p.delete_per_1000) / 1000.0
 
+    # a failed request is still a billed request: count the call whether or not it succeeds
     def get(self, key: str) -> GetResult:
-        self._add("get")
-        res = self.inner.get(key)
-        self._add("get", 0, bytes_out=len(res.data))
+        try:
+            res = self.inner.get(key)
+        except BaseException:
+            self._add("get")
+            raise
+        self._add("get", bytes_out=len(res.data))
         return res
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        self._add("get")
-        data = self.inner.get_range(key, start, end)
-        self._add("get", 0, bytes_out=len(data))
+        try:
+            data = self.inner.get_range(key, start, end)
+        except BaseException:
+            self._add("get")
+            raise
+        self._add("get", bytes_out=len(data))
         return data
 
     def head(self, key: str) -> ObjectMeta:

@@ -22,6 +22,8 @@ import fcntl
 import hashlib
 import os
 import secrets
+import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,12 +52,30 @@ def _etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Read ``size`` bytes. os.read allocates the bytes object once and reads straight into it
+    (no zero-fill, no second copy); the loop only runs past the kernel's 2 GiB per-read limit.
+    An object never changes after its rename, so its stat size is its size."""
+    data = os.read(fd, size)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 class LocalStore(ObjectStore):
@@ -67,13 +87,14 @@ class LocalStore(ObjectStore):
         (self.root / _LOCK_DIR).mkdir(exist_ok=True)
         self.fsync = fsync
         self.url = self.root.as_uri()
+        self._root = str(self.root)  # string paths on the hot path: pathlib costs microseconds
 
     # -- paths and locks ---------------------------------------------------------------------
-    def _path(self, key: str) -> Path:
-        return self.root / validate_key(key)
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{validate_key(key)}"
 
     def local_path(self, key: str) -> Path:
-        return self._path(key)
+        return Path(self._path(key))
 
     @contextmanager
     def _locked(self, key: str):
@@ -90,21 +111,21 @@ class LocalStore(ObjectStore):
     def get(self, key: str) -> GetResult:
         path = self._path(key)
         try:
-            with open(path, "rb", buffering=0) as f:
-                st = os.fstat(f.fileno())
-                buf = bytearray(st.st_size)
-                view = memoryview(buf)
-                n = 0
-                while n < st.st_size:
-                    got = f.readinto(view[n:])
-                    if not got:
-                        break
-                    n += got
-                return GetResult(bytes(buf) if n == st.st_size else bytes(buf[:n]), _etag(st))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
             raise NotFound(key) from None
         except OSError as e:
             raise self._os_error(key, e) from e
+        try:
+            st = os.fstat(fd)
+            data = _read_all(fd, st.st_size) if stat.S_ISREG(st.st_mode) else None
+        except OSError as e:
+            raise self._os_error(key, e) from e
+        finally:
+            os.close(fd)
+        if data is None:  # a folder is not an object
+            raise NotFound(key)
+        return GetResult(data, _etag(st))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(key, start, end)
@@ -123,47 +144,49 @@ class LocalStore(ObjectStore):
     def head(self, key: str) -> ObjectMeta:
         path = self._path(key)
         try:
-            st = path.stat()
+            st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(key) from None
-        if not path.is_file():
+        except OSError as e:
+            raise self._os_error(key, e) from e
+        if not stat.S_ISREG(st.st_mode):
             raise NotFound(key)
         return ObjectMeta(key, st.st_size, _etag(st), st.st_mtime)
 
     def put(self, key: str, data, mode: PutMode = OVERWRITE) -> str:
         path = self._path(key)
-        parent = path.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as e:
-            raise StoreError(f"cannot create folder for {key!r}: a path segment is an object",
-                             key=key) from e
-        tmp = parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+        parent = os.path.dirname(path)
+        tmp = f"{parent}/{_TMP_PREFIX}{secrets.token_hex(8)}"
         try:
             # write and fsync outside the lock: the lock only covers check + rename
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = self._create_temp(key, parent, tmp)
             try:
                 view = memoryview(data).cast("B")
                 written = 0
                 while written < len(view):
                     written += os.write(fd, view[written : written + (1 << 30)])
+                # stamp the file with a fine-grained mtime: with the inode number it makes the
+                # etag unique per write even where the kernel keeps coarse (jiffy) timestamps
+                # and reuses a freed inode at once (an ABA that would let a stale IfMatch win)
+                now = time.time_ns()
+                os.utime(fd, ns=(now, now))
                 if self.fsync:
                     os.fsync(fd)
+                etag = _etag(os.fstat(fd))  # rename keeps inode, size and mtime
             finally:
                 os.close(fd)
             with self._locked(key):
                 if isinstance(mode, Create):
-                    if path.exists():
+                    if os.path.exists(path):
                         raise AlreadyExists(key)
                 elif isinstance(mode, IfMatch):
                     try:
-                        current = _etag(path.stat())
+                        current = _etag(os.stat(path))
                     except FileNotFoundError:
                         raise PreconditionFailed(key, mode.etag) from None
                     if current != mode.etag:
                         raise PreconditionFailed(key, mode.etag)
                 os.rename(tmp, path)
-                etag = _etag(path.stat())
             if self.fsync:
                 _fsync_dir(parent)
             return etag
@@ -176,6 +199,21 @@ class LocalStore(ObjectStore):
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+
+    @staticmethod
+    def _create_temp(key: str, parent: str, tmp: str) -> int:
+        """Open a fresh temp file in the key's folder, creating the folder on first use."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(tmp, flags, 0o644)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise StoreError(f"cannot create folder for {key!r}: a path segment is an object",
+                             key=key) from e
+        return os.open(tmp, flags, 0o644)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix)

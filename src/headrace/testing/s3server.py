@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import urllib.request
 import uuid
 from contextlib import contextmanager
@@ -17,17 +18,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Serialized:
+    """WSGI middleware answering one request at a time.
+
+    moto checks If-Match / If-None-Match and then stores the object in separate Python steps,
+    so two concurrent conditional PUTs can both pass the check: a lost update that real S3
+    never allows (its conditional writes are atomic). Serializing requests restores that
+    guarantee; moto is GIL-bound anyway, so little throughput is lost.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        with self.lock:
+            return list(self.app(environ, start_response))
+
+
+def _serialized_server(ip_address: str, port: int):
+    from moto.server import ThreadedMotoServer
+
+    class SerializedMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            from moto.moto_server.werkzeug_app import (
+                DomainDispatcherApplication,
+                MotoRequestHandler,
+                create_backend_app,
+            )
+            from werkzeug.serving import make_server
+
+            app = _Serialized(DomainDispatcherApplication(create_backend_app))
+            self._server = make_server(self._ip_address, self._port, app, True,
+                                       request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return SerializedMotoServer(ip_address=ip_address, port=port, verbose=False)
+
+
 class MotoS3:
     """A running moto S3 server; ``new_bucket()`` returns an ``s3://`` URL for a fresh bucket."""
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server = _serialized_server("127.0.0.1", self.port)
         self._server.start()
 
     def new_bucket(self, name: str | None = None) -> str:
