@@ -63,11 +63,23 @@ def encode(events: list[dict]) -> list[bytes]:
     return [json.dumps(e, separators=(",", ":")).encode() for e in events]
 
 
-def build_pipeline(spark, root: str, *, partitions: int = 4, name: str = "demo",
-                   checkpoint_dir: str | None = None):
+def produce(root: str, payloads: list[bytes], chunk: int = 250) -> None:
+    """Write the events into the demo queue and wait until all are durable."""
+    from headrace.buffer import Producer, ProducerConfig
+
+    cfg = ProducerConfig(url=root, data_path_prefix=QUEUE, manifest_path=f"{QUEUE}/manifest",
+                         flush_interval_s=0.05)
+    with Producer(cfg) as producer:
+        handles = [producer.produce(payloads[i : i + chunk])
+                   for i in range(0, len(payloads), chunk)]
+        for h in handles:
+            h.watcher.await_durable(timeout=120)
+
+
+def build_pipeline(spark, root: str, *, partitions: int = 4, name: str = "demo", **kwargs):
     from headrace.spark.pipeline import Pipeline
 
-    p = Pipeline(spark, root, name=name, partitions=partitions, checkpoint_dir=checkpoint_dir)
+    p = Pipeline(spark, root, name=name, partitions=partitions, **kwargs)
     src = p.read_queue(QUEUE, {"orders": ORDERS, "customers": CUSTOMERS})
     enriched = p.join(src["orders"], src["customers"], on=["customer_id"], name="enriched")
     totals = p.aggregate(enriched, by=["region"],

@@ -73,7 +73,8 @@ class Pipeline:
 
     def __init__(self, spark, root: str, *, name: str = "pipeline", partitions: int = 4,
                  state_backend: str = "reservoir", checkpoint_dir: str | None = None,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, store=None,
+                 batches_per_trigger: int | None = None):
         if partitions < 1 or partitions > 65535:
             raise ValueError("partitions must be in [1, 65535]")
         if state_backend != "reservoir":
@@ -83,7 +84,9 @@ class Pipeline:
         self.root = root
         self.name = name
         self.partitions = partitions
-        self.store = CountingStore(open_store(root))
+        # the driver's store; tasks open ``root`` themselves (``store`` is for fault injection)
+        self.store = CountingStore(store if store is not None else open_store(root))
+        self.batches_per_trigger = batches_per_trigger
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -138,7 +141,8 @@ class Pipeline:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.nodes, self.sinks)
+        """Operator graph + partition count: state written under another layout is refused."""
+        return fingerprint(self.nodes, self.sinks, self.partitions)
 
     # ---- state and progress ------------------------------------------------------------
     def storage(self):
@@ -347,7 +351,10 @@ class Pipeline:
             before = self.metrics["batches"]
             reader = (self.spark.readStream.format("headrace.queue")
                       .option("url", self.store.url)
-                      .option("manifest_path", f"{self.queue}/manifest").load())
+                      .option("manifest_path", f"{self.queue}/manifest"))
+            if self.batches_per_trigger:
+                reader = reader.option("max_batches_per_trigger", str(self.batches_per_trigger))
+            reader = reader.load()
             writer = (reader.writeStream.foreachBatch(self._process)
                       .option("checkpointLocation", self.checkpoint_dir))
             if until_idle:

@@ -174,11 +174,7 @@ def batch_to_arrow(data: bytes, sequence: int, location: str,
     """One batch file as an Arrow record batch of the source's schema (vectorised)."""
     block = decode_block(data, location, max_batch_bytes)
     n = len(block.starts)
-    values, offsets = block.values_and_offsets()
-    if offsets[-1] >= 2**31:
-        raise FormatError(location, None, "batch holds more than 2 GiB of entry bytes")
-    entry = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                   pa.py_buffer(values)])
+    entry = block.entry_array()
     md_starts = np.array([m[0] for m in metadata], dtype=np.int64)
     if len(md_starts) and (np.any(np.diff(md_starts) < 0) or md_starts[-1] > n):
         raise FormatError(location, None, f"metadata start indexes {md_starts.tolist()} are "
