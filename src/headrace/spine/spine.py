@@ -208,7 +208,14 @@ class Spine:
             self._merge(plan)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no merge is due or running (background mode); True when idle."""
+        """Block until no merge is due or running (background mode); True when idle.
+
+        Without a background thread nothing merges on its own: returns True at once.
+        """
+        if self._thread is None:
+            with self._lock:
+                self._raise_if_failed()
+            return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
