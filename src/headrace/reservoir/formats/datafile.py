@@ -97,10 +97,17 @@ class BlobFileWriter:
 
     def fits(self, size: int) -> bool:
         """Whether one more page of ``size`` bytes keeps the file within max_file_size."""
-        return not self.ids or self.projected_size(1, size) <= self.max_file_size
+        n = len(self.ids)
+        if not n:
+            return True
+        if self.pad:
+            return self.projected_size(1, size) <= self.max_file_size
+        return HEADER_SIZE + 12 * n + 16 + len(self.data) + size <= self.max_file_size
 
     def is_full(self) -> bool:
-        return self.projected_size() >= self.max_file_size
+        if self.pad:
+            return self.projected_size() >= self.max_file_size
+        return HEADER_SIZE + 12 * len(self.ids) + 4 + len(self.data) >= self.max_file_size
 
     def add(self, page_id: int, data, crc: int | None = None) -> tuple[int, int, int]:
         """Append one page; returns (relative offset, size, crc32)."""
@@ -195,7 +202,8 @@ class BlobFileWriter:
             data=file_bytes, page_ids=ids.copy(), offsets=abs_offsets[:n].astype(np.uint32),
             sizes=np.frombuffer(self.sizes, np.uint32).copy() if n else np.zeros(0, np.uint32),
             crc32s=np.frombuffer(self.crcs, np.uint32).copy() if n else np.zeros(0, np.uint32),
-            data_end=data_end, crc64=crc64(memoryview(file_bytes)[:data_end]),
+            data_end=data_end,
+            crc64=crc64(file_bytes if data_end == len(file_bytes) else file_bytes[:data_end]),
         )
         self.encoded = enc
         return enc

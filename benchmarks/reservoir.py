@@ -1,0 +1,160 @@
+"""Reservoir benchmark (issue 4): headrace vs its baselines, in the same run.
+
+(a) object-store operations per checkpoint of 1,000 changed 8 KiB pages: headrace vs one object
+    per page (+ one manifest object) -> ops_ratio_vs_page_per_object (baseline ops / headrace ops)
+(b) cached page read latency p50/p99 vs os.pread of the same bytes from the same local file
+    -> cached_read_p50_ratio_vs_pread (headrace p50 / pread p50; target <= 2)
+(c) checkpoint throughput MB/s vs raw file writes of the same bytes (both fsynced)
+    -> checkpoint_ratio_vs_raw (headrace MB/s / raw MB/s; target >= 0.5)
+(d) recovery after 100 checkpoints: time and GETs, vs replaying every checkpoint (no snapshots)
+    -> recovery_gets
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import Timer, parse_args, report, scratch_dir  # noqa: E402
+
+from headrace.reservoir import ReservoirOptions, ReservoirReader, ReservoirStorage  # noqa: E402
+from headrace.store import CountingStore, LocalStore  # noqa: E402
+
+PAGE = 8192
+
+
+def ops_per_checkpoint(root: Path, checkpoints: int) -> dict:
+    store = CountingStore(LocalStore(root / "a-headrace", fsync=False))
+    rng = np.random.default_rng(1)
+    with ReservoirStorage.open(store) as st:
+        for _ in range(checkpoints):
+            s = st.session()
+            for pid in range(1000):
+                s.write(pid, rng.bytes(PAGE))
+            s.commit()
+            st.checkpoint()
+    hr = store.counts()
+    base = CountingStore(LocalStore(root / "a-baseline", fsync=False))
+    for c in range(checkpoints):  # one object per changed page, then a manifest naming them
+        for pid in range(1000):
+            base.put(f"pages/{pid:08d}", rng.bytes(PAGE))
+        base.put(f"manifests/{c:08d}", b"m" * 16)
+    bl = base.counts()
+    return {"headrace_ops_per_checkpoint": hr["requests"] / checkpoints,
+            "baseline_ops_per_checkpoint": bl["requests"] / checkpoints,
+            "ops_ratio_vs_page_per_object": bl["requests"] / hr["requests"],
+            "headrace_cost_usd_per_checkpoint": store.cost_usd() / checkpoints,
+            "baseline_cost_usd_per_checkpoint": base.cost_usd() / checkpoints}, hr
+
+
+def cached_reads(root: Path, pages: int, reads: int) -> dict:
+    store = LocalStore(root / "b", fsync=False)
+    rng = np.random.default_rng(2)
+    with ReservoirStorage.open(store) as st:
+        s = st.session()
+        for pid in range(pages):
+            s.write(pid, rng.bytes(PAGE))
+        s.commit()
+        st.checkpoint()
+    cache = root / "b-cache"
+    order = [random.Random(3).randrange(pages) for _ in range(reads)]
+    with ReservoirReader.open(store, cache_dir=cache) as r:
+        for pid in range(pages):
+            r.read(pid)  # warm: the whole file is in the local cache
+        state = r.state()
+        ns = np.empty(reads, np.int64)
+        clock = time.perf_counter_ns
+        for i, pid in enumerate(order):
+            t0 = clock()
+            r.read(pid)
+            ns[i] = clock() - t0
+        (cached_file,) = list(cache.glob("*.dat"))
+        fd = os.open(cached_file, os.O_RDONLY)
+        offs, sizes = state.offs, state.sizes
+        base = np.empty(reads, np.int64)
+        for i, pid in enumerate(order):
+            off, size = int(offs[pid]), int(sizes[pid])
+            t0 = clock()
+            os.pread(fd, size, off)
+            base[i] = clock() - t0
+        os.close(fd)
+    p50, p99 = np.percentile(ns, [50, 99]) / 1000
+    b50, b99 = np.percentile(base, [50, 99]) / 1000
+    return {"cached_read_p50_us": p50, "cached_read_p99_us": p99, "pread_p50_us": b50,
+            "pread_p99_us": b99, "cached_read_p50_ratio_vs_pread": p50 / b50,
+            "cached_read_p99_ratio_vs_pread": p99 / b99}
+
+
+def checkpoint_throughput(root: Path, total_mb: int, file_mb: int) -> dict:
+    opts = ReservoirOptions(max_file_size=file_mb << 20)
+    n_pages = (total_mb << 20) // PAGE
+    blob = np.random.default_rng(4).bytes(total_mb << 20)
+    mv = memoryview(blob)
+    store = LocalStore(root / "c", fsync=True)
+    with ReservoirStorage.open(store, options=opts) as st:
+        with Timer() as t:
+            s = st.session()
+            for pid in range(n_pages):
+                s.write(pid, mv[pid * PAGE:(pid + 1) * PAGE])
+            s.commit()
+            st.checkpoint()
+    hr_mbs = total_mb / t.s
+    raw_dir = root / "c-raw"
+    raw_dir.mkdir()
+    with Timer() as r:  # the same bytes as plain files of the same size, each fsynced
+        step = file_mb << 20
+        for i in range(0, len(blob), step):
+            fd = os.open(raw_dir / f"{i // step}.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, mv[i:i + step])
+            os.fsync(fd)
+            os.close(fd)
+    raw_mbs = total_mb / r.s
+    return {"checkpoint_mb_s": hr_mbs, "raw_write_mb_s": raw_mbs,
+            "checkpoint_ratio_vs_raw": hr_mbs / raw_mbs, "checkpoint_mb": total_mb}
+
+
+def recovery(root: Path, checkpoints: int) -> dict:
+    out = {}
+    for name, interval in (("headrace", 20), ("baseline", 1 << 30)):
+        store = CountingStore(LocalStore(root / f"d-{name}", fsync=False))
+        opts = ReservoirOptions(snapshot_interval=interval)
+        rng = np.random.default_rng(5)
+        with ReservoirStorage.open(store, options=opts) as st:
+            for v in range(checkpoints):
+                s = st.session()
+                for j in range(20):
+                    s.write((v * 20 + j) % 5000, rng.bytes(512))
+                s.commit()
+                st.checkpoint()
+        store.reset()
+        with Timer() as t, ReservoirStorage.open(store, options=opts) as st:
+            assert st.version == checkpoints
+        c = store.counts()
+        key = "recovery" if name == "headrace" else "baseline_recovery"
+        out[f"{key}_gets"] = c["gets"]
+        out[f"{key}_lists"] = c["lists"]
+        out[f"{key}_s"] = t.s
+    return out
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    quick = args.quick
+    figures: dict = {}
+    with scratch_dir("reservoir") as root:
+        a, counts = ops_per_checkpoint(root, 3 if quick else 10)
+        figures.update(a)
+        figures.update(cached_reads(root, 2000 if quick else 8000, 20000 if quick else 100000))
+        figures.update(checkpoint_throughput(root, 64 if quick else 512, 16 if quick else 64))
+        figures.update(recovery(root, 100))
+    report("reservoir", figures, args, counts)
+
+
+if __name__ == "__main__":
+    main()
