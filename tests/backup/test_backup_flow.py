@@ -37,6 +37,7 @@ def test_first_upload_and_restore_on_new_host(store, tmp_path):
         bm.cleanup(index_id)
         metrics = bm.metrics()
     assert metrics["files_uploaded"] == 7 and metrics["files_retained"] == 0
+    assert metrics["blobs_uploaded"] == 15 and metrics["index_bytes"] > 0
     # 70,000 bytes in 8 KiB chunks -> 9 blobs; files below 8 KiB share one pack blob (000002.sst,
     # MANIFEST, CURRENT); empty files have no blob
     assert len(blob_keys(store)) == 9 + 1 + 3 + 2
@@ -120,6 +121,7 @@ def test_restore_reuses_identical_local_checkpoint(store, tmp_path):
         store.reset()
         result = rm.restore(index_id, target)
     assert result.reused_directory and result.files_downloaded == 0
+    assert rm.metrics()["restores_reused"] == 1 and rm.metrics()["restores"] == 2
     assert store.counts()["gets"] == 1  # the index only: 0 GETs of file blobs
     # a partly changed target: matching files are linked, only the rest is downloaded
     (target / "000001.sst").write_bytes(b"changed")

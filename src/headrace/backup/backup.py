@@ -50,7 +50,7 @@ class BackupManager:
         self._prev_id: str | None = None
         self._prev_index: SnapshotIndex | None = None
         self._metrics = dict.fromkeys(
-            ("uploads", "files_uploaded", "files_retained", "files_removed", "blobs_uploaded",
+            ("uploads", "files_uploaded", "files_retained", "blobs_to_release", "blobs_uploaded",
              "bytes_uploaded", "bytes_retained", "index_bytes", "cleanups", "blobs_deleted",
              "sweeps"), 0)
         if previous_index_blob_id is not None:
@@ -86,16 +86,17 @@ class BackupManager:
             prev_snapshot_index_blob_id=self._prev_id,
             job_name=self.config.job_name, job_instance=self.config.job_instance,
             task_name=self.config.task_name, store_name=self.config.store_name)
-        index_id = self.blobs.put_index(index)
-        removed = len(index.dir_index.removed_blob_ids())
+        index_id, index_bytes = self.blobs.put_index(index)
+        released = len(index.dir_index.removed_blob_ids() - index.dir_index.present_blob_ids())
         with self._lock:
             m = self._metrics
             m["uploads"] += 1
             m["files_uploaded"] += len(added)
             m["files_retained"] += len(retained)
-            m["files_removed"] += removed
+            m["blobs_to_release"] += released
             m["bytes_uploaded"] += total
             m["bytes_retained"] += sum(f.size for f in retained)
+            m["index_bytes"] += index_bytes
         log.info("uploaded snapshot %s (checkpoint %s): %d files / %d bytes sent, %d retained",
                  index_id, checkpoint_id, len(added), total, len(retained))
         return index_id
@@ -107,7 +108,8 @@ class BackupManager:
         index = cleanup_snapshot(self.blobs, index_blob_id, index)
         with self._lock:
             self._metrics["cleanups"] += 1
-            self._metrics["blobs_deleted"] += len(index.dir_index.removed_blob_ids())
+            self._metrics["blobs_deleted"] += len(index.dir_index.removed_blob_ids()
+                                                  - index.dir_index.present_blob_ids())
             self._prev_id, self._prev_index = index_blob_id, index
 
     def sweep(self, *, dry_run: bool = False) -> SweepReport:

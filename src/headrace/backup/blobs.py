@@ -68,12 +68,13 @@ class BlobStore:
         key = self.blob_key(blob_id)
         return self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
 
-    def put_index(self, index: SnapshotIndex) -> str:
+    def put_index(self, index: SnapshotIndex) -> tuple[str, int]:
+        """Write an index blob; returns its id and size in bytes."""
         index_id = self.new_blob_id()
         key = self.index_key(index_id)
         data = encode_index(index)
         self.retry.call(lambda: self.store.put(key, data, OVERWRITE), what=f"put {key}")
-        return index_id
+        return index_id, len(data)
 
     def get_index(self, index_id: str) -> SnapshotIndex:
         validate_blob_id(index_id, key=None, what="index blob id")
