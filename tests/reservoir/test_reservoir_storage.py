@@ -266,3 +266,21 @@ def test_options_validate_fields():
                 dict(compaction_ratio_threshold=2.0), dict(stream_version="../x")):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ReservoirOptions(**bad)
+
+
+def test_absorbing_a_run_twice_is_refused(tmp_path):
+    store = LocalStore(tmp_path, fsync=False)
+    opts = ReservoirOptions(max_file_size=8192)
+    w = PageRunWriter(store, run_id="r", options=opts)
+    for i in range(5):
+        w.write(i, os.urandom(3000))
+    run = w.finish()
+    with ReservoirStorage.open(store, options=opts) as st:
+        st.absorb([run, None])  # a failed task shows up as None
+        st.checkpoint()
+        from headrace.errors import InvalidInput
+
+        with pytest.raises(InvalidInput, match="already absorbed"):
+            st.absorb([run])
+    with pytest.raises(ValueError, match="stream version"):
+        ReservoirStorage.open(store, version=3)

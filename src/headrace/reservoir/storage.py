@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from headrace.errors import InvalidInput
 from headrace.reservoir.batch import MISSING, PageBatch, check_page_id, new_writer, read_loc
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.inflight import FileRef, Uploader
@@ -126,6 +127,9 @@ class ReservoirStorage:
         """Recover ``stream`` to its latest checkpoint. ``version`` names a stream version (a
         separate prefix; overrides ``options.stream_version``)."""
         opts = options or ReservoirOptions()
+        if version is not None and not isinstance(version, str):
+            raise ValueError("version names a stream version (a str); to read an older "
+                             "checkpoint use ReservoirReader.open(..., version=N)")
         if version is not None:
             opts = ReservoirOptions(**{**opts.__dict__, "stream_version": version})
         return cls(open_store(store_or_url), stream, opts, cache_dir, retry)
@@ -269,6 +273,9 @@ class ReservoirStorage:
                                      f"not {self.prefix!r}")
                 refs = {}
                 for nf in run.files:
+                    if nf.file_id in self._state.files or nf.file_id in self._state.deleted_files:
+                        raise InvalidInput(f"run {run.run_id!r} was already absorbed by an "
+                                           f"earlier checkpoint (file {nf.file_id:016x})")
                     refs[nf.file_id] = FileRef(None, nf.file_id, 0, nf)
                     self._new_files[nf.file_id] = refs[nf.file_id]
                 c = self._committed

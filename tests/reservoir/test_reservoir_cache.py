@@ -1,0 +1,139 @@
+"""Local disk cache: fill on miss, register new files, LRU + frequency eviction, proactive
+eviction from 80%, waiting when everything is pinned, retention on open, compaction reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from headrace.reservoir import CacheFull, ReservoirOptions, ReservoirStorage
+from headrace.reservoir.cache import LocalCache
+from headrace.reservoir.formats.datafile import BlobFileWriter
+from headrace.store import CountingStore, LocalStore
+
+
+def _files(store, n, size=4000):
+    """n single-page data files; returns {file_id: (size, crc64, page crc32, page size)}."""
+    out = {}
+    for fid in range(1, n + 1):
+        w = BlobFileWriter(1 << 20)
+        _rel, psize, pcrc = w.add(fid, bytes([fid]) * size)
+        enc = w.finalize()
+        store.put(f"d/{fid}", enc.data)
+        out[fid] = (len(enc.data), enc.crc64, int(enc.offsets[0]), psize, pcrc)
+    return out
+
+
+def _cache(tmp_path, store, max_bytes, **kw):
+    opts = ReservoirOptions(max_cache_size_bytes=max_bytes, cache_wait_timeout_s=0.3, **kw)
+    return LocalCache(tmp_path / "cache", store, opts, lambda fid: f"d/{fid}")
+
+
+def _read(cache, files, fid):
+    size, crc, off, psize, pcrc = files[fid]
+    return cache.read_page(fid, size, crc, off, psize, pcrc)
+
+
+def test_miss_downloads_once_then_hits(tmp_path):
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
+    files = _files(store, 3)
+    cache = _cache(tmp_path, store, 1 << 20)
+    store.reset()
+    for _ in range(5):
+        assert _read(cache, files, 2) == bytes([2]) * 4000
+    assert store.counts()["gets"] == 1
+    m = cache.metrics()
+    assert (m["misses"], m["hits"], m["downloads"]) == (1, 5, 1)
+    cache.close()
+
+
+def test_lru_with_frequency_weights(tmp_path):
+    store = LocalStore(tmp_path / "s", fsync=False)
+    files = _files(store, 4)
+    one = files[1][0]
+    cache = _cache(tmp_path, store, 3 * one + 10, cache_evict_from=1.0)
+    for _ in range(5):
+        _read(cache, files, 1)  # file 1: oldest but most frequently used
+    _read(cache, files, 2)
+    _read(cache, files, 3)
+    _read(cache, files, 4)  # needs space: evicts the least used of the oldest → 2, not 1
+    cached = {int(p.name[:16], 16) for p in (tmp_path / "cache").glob("*.dat")}
+    assert cached == {1, 3, 4}
+    cache.close()
+
+
+def test_proactive_eviction_from_80_percent(tmp_path):
+    store = LocalStore(tmp_path / "s", fsync=False)
+    files = _files(store, 5)
+    one = files[1][0]
+    cache = _cache(tmp_path, store, 5 * one + 10)  # evicts once above 80% = 4 files
+    for fid in range(1, 6):
+        _read(cache, files, fid)
+    deadline = time.time() + 5
+    while cache.metrics()["used_bytes"] > 0.8 * cache.max_bytes and time.time() < deadline:
+        time.sleep(0.05)
+    assert cache.metrics()["used_bytes"] <= 0.8 * cache.max_bytes
+    assert cache.metrics()["evictions"] >= 1
+    cache.close()
+
+
+def test_waits_when_everything_is_pinned_then_gives_up(tmp_path):
+    store = LocalStore(tmp_path / "s", fsync=False)
+    files = _files(store, 2)
+    cache = _cache(tmp_path, store, files[1][0] + 10, cache_evict_from=1.0)
+    _read(cache, files, 1)
+    entry = cache._acquire(1, files[1][0], files[1][1])  # pinned: a read in progress
+    with pytest.raises(CacheFull):
+        _read(cache, files, 2)
+    released = threading.Timer(0.1, cache._release, args=(entry,))
+    entry2 = cache._acquire(1, files[1][0], files[1][1])
+    cache._release(entry2)
+    released.start()
+    assert _read(cache, files, 2) == bytes([2]) * 4000  # waited for the pin to go, then evicted
+    cache.close()
+
+
+def test_storage_registers_new_files_and_retains_on_open(tmp_path):
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
+    opts = ReservoirOptions(max_file_size=8192, snapshot_interval=2)
+    with ReservoirStorage.open(store, options=opts, cache_dir=tmp_path / "c") as st:
+        s = st.session()
+        for i in range(6):
+            s.write(i, bytes([i]) * 3000)
+        s.commit()
+        st.checkpoint()
+        store.reset()
+        assert [st.read(i) for i in range(6)] == [bytes([i]) * 3000 for i in range(6)]
+        assert store.counts()["gets"] == 0  # every new file was registered, no download
+        s = st.session()
+        for i in range(6):
+            s.write(i, b"new")  # every old file becomes dead
+        s.commit()
+        st.checkpoint()
+        st.checkpoint()
+    (tmp_path / "c" / ("00000000000000ff-" + "0" * 16 + ".dat")).write_bytes(b"stale")
+    with ReservoirStorage.open(store, options=opts, cache_dir=tmp_path / "c") as st:
+        live = {f for f in st.state().files}
+        cached = {int(p.name[:16], 16) for p in (tmp_path / "c").glob("*.dat")}
+        assert cached <= live  # unreferenced and stale files deleted on open
+        store.reset()
+        assert st.read(3) == b"new"
+        assert store.counts()["gets"] == 0
+
+
+def test_compaction_reads_do_not_fill_the_cache(tmp_path):
+    store = LocalStore(tmp_path / "s", fsync=False)
+    opts = ReservoirOptions(max_file_size=64 * 1024)
+    for round_ in range(3):
+        with ReservoirStorage.open(store, options=opts) as st:
+            s = st.session()
+            s.write(round_, bytes([round_]) * 1000)
+            s.commit()
+            st.checkpoint()
+    with ReservoirStorage.open(store, options=opts, cache_dir=tmp_path / "c") as st:
+        assert st.compact() is not None
+        m = st.metrics()
+        assert m["cache_downloads"] == 0 and m["cache_misses"] == 0
+        assert [st.read(i) for i in range(3)] == [bytes([i]) * 1000 for i in range(3)]
