@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import mmap
 import os
 import secrets
 import threading
 import zlib
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,15 +32,17 @@ from headrace.store import ObjectStore
 
 log = logging.getLogger("headrace.reservoir.cache")
 _LRU_CANDIDATES = 8
+_TICKS = itertools.count()  # recency: a larger tick = used more recently (thread-safe counter)
 
 
 class _Entry:
-    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq")
+    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq", "tick")
 
     def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool):
         self.file_id, self.crc, self.path, self.size = file_id, crc, path, size
         self.pins = 0
         self.freq = 1
+        self.tick = next(_TICKS)
         self.fd = -1
         self.mm = None
         if direct and hasattr(os, "O_DIRECT"):
@@ -83,7 +86,7 @@ class LocalCache:
         self.opts = options
         self.key_of = key_of  # file id -> object key
         self.max_bytes = options.max_cache_size_bytes
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._entries: dict[int, _Entry] = {}
         self._inflight: dict[int, Future] = {}
         self._used = 0
         self._reserved = 0
@@ -132,6 +135,19 @@ class LocalCache:
     # -- reads -----------------------------------------------------------------------------
     def read_page(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
                   page_crc: int) -> bytes:
+        # fast path, no lock: a hit on an mmapped file. A concurrent eviction closes the mmap
+        # (the slice then raises ValueError) and we fall through to the locked path.
+        e = self._entries.get(file_id)
+        if e is not None and e.crc == file_crc and e.mm is not None:
+            try:
+                data = e.mm[off:off + size]
+            except ValueError:
+                data = None
+            if data is not None and len(data) == size and zlib.crc32(data) == page_crc:
+                e.freq += 1
+                e.tick = next(_TICKS)
+                self.stats["hits"] += 1
+                return data
         for attempt in (1, 2):
             entry = self._acquire(file_id, file_size, file_crc)
             try:
@@ -214,7 +230,7 @@ class LocalCache:
                 if e is not None and e.crc == file_crc:
                     e.pins += 1
                     e.freq += 1
-                    self._entries.move_to_end(file_id)
+                    e.tick = next(_TICKS)
                     self.stats["hits"] += 1
                     return e
                 fut = self._inflight.get(file_id)
@@ -283,12 +299,8 @@ class LocalCache:
 
     def _victim(self) -> _Entry | None:
         """Among the least recently used unpinned entries, the least frequently used."""
-        cands = []
-        for e in self._entries.values():
-            if e.pins == 0:
-                cands.append(e)
-                if len(cands) >= _LRU_CANDIDATES:
-                    break
+        cands = heapq.nsmallest(_LRU_CANDIDATES, (e for e in self._entries.values()
+                                                  if e.pins == 0), key=lambda e: e.tick)
         return min(cands, key=lambda e: e.freq) if cands else None
 
     def _evict_loop(self) -> None:
