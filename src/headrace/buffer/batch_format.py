@@ -7,9 +7,10 @@ Layout (little-endian)::
     footer (7 bytes, never compressed):
         compression u8 (0 none, 1 zstd level 3) | record_count u32 | version u16 (= 1)
 
-See docs/formats/buffer-batch.md. Encoding joins records in C (``bytes.join`` over ``map``);
-decoding walks the length prefixes once (inherently sequential, one ``unpack_from`` per record,
-no copies) and then moves the data with numpy/pyarrow.
+See docs/formats/buffer-batch.md. Encoding is one C-level ``bytes.join`` (one copy);
+decoding checks in one numpy pass whether every record has the same length (then nothing loops
+in Python), else walks the length prefixes once (a chain: each offset depends on the previous
+length); record data is moved by Arrow kernels (``entry_array``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace.codec import U32, zstd_compress, zstd_decompress
 from headrace.errors import FormatError
@@ -34,18 +37,23 @@ DEFAULT_MAX_BLOCK_BYTES = 1 << 31  # decompression bound: no batch expands past 
 
 
 def encode_batch(entries: Sequence[bytes], compression: int = COMPRESSION_NONE) -> bytes:
-    """Encode ``entries`` as one batch file."""
+    """Encode ``entries`` as one batch file.
+
+    One ``bytes.join`` over ``map``/``zip``: C-level iteration and a single copy of the data (an
+    Arrow ``binary_join_element_wise`` version measured 3x slower: it copies three times).
+    """
     if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
         raise ValueError(f"unknown compression type {compression}")
-    if len(entries) > 0xFFFFFFFF:
+    n = len(entries)
+    if n > 0xFFFFFFFF:
         raise ValueError("a batch holds at most 2**32-1 records")
-    lens = list(map(len, entries))
-    if lens and max(lens) > 0xFFFFFFFF:
+    lengths = list(map(len, entries))
+    if n and max(lengths) > 0xFFFFFFFF:
         raise ValueError("a record is at most 2**32-1 bytes")
-    block = b"".join(chain.from_iterable(zip(map(U32.pack, lens), entries, strict=True)))
+    block = b"".join(chain.from_iterable(zip(map(U32.pack, lengths), entries, strict=True)))
     if compression == COMPRESSION_ZSTD:
         block = zstd_compress(block, 3)
-    return block + FOOTER.pack(compression, len(entries), VERSION)
+    return block + FOOTER.pack(compression, n, VERSION)
 
 
 @dataclass(frozen=True)
@@ -75,22 +83,31 @@ class DecodedBlock:
     starts: np.ndarray
     lengths: np.ndarray
     compressed: bool
+    key: str | None = None
 
     def entries(self) -> list[bytes]:
         b = self.block
         return [b[s : s + n] for s, n in zip(self.starts.tolist(), self.lengths.tolist(), strict=True)]
 
-    def values_and_offsets(self) -> tuple[np.ndarray, np.ndarray]:
-        """Record bytes back to back (prefixes dropped) and Arrow-style offsets [n+1]."""
-        buf = np.frombuffer(self.block, dtype=np.uint8)
+    def entry_array(self) -> pa.Array:
+        """The records as an Arrow binary array, built without a Python loop.
+
+        Each record i is first viewed as bytes [start_i, start_{i+1}) — its data plus the next
+        record's 4-byte prefix (4 zero bytes pad the last) — and ``binary_slice(0, -4)`` cuts
+        the prefixes off in C++.
+        """
         n = len(self.starts)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=offsets[1:])
         if n == 0:
-            return buf[:0], offsets
-        keep = np.ones(len(buf), dtype=bool)
-        keep[((self.starts - 4)[:, None] + np.arange(4)).ravel()] = False
-        return buf[keep], offsets
+            return pa.array([], pa.binary())
+        end = int(self.starts[-1] + self.lengths[-1])
+        if end + 4 >= 2**31:
+            raise FormatError(self.key, None, "batch holds more than 2 GiB of entry bytes")
+        offsets = np.empty(n + 1, dtype=np.int32)
+        offsets[:n] = self.starts
+        offsets[n] = end + 4
+        padded = pa.py_buffer(b"".join((memoryview(self.block)[:end], b"\0\0\0\0")))
+        spans = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), padded])
+        return pc.binary_slice(spans, 0, -4)
 
 
 def decode_block(data, key: str | None = None,
@@ -111,12 +128,15 @@ def decode_block(data, key: str | None = None,
     if count * 4 > len(block):
         raise FormatError(key, where(0), f"record_count {count} needs at least {count * 4} "
                           f"bytes, the record block has {len(block)}")
+    uniform = _uniform_layout(block, count)
+    if uniform is not None:
+        return DecodedBlock(block, *uniform, compressed, key)
     starts: list[int] = []
     lengths: list[int] = []
     add_start, add_length = starts.append, lengths.append
     unpack = U32.unpack_from
     pos, end = 0, len(block)
-    for i in range(count):
+    for i in range(count):  # the prefixes chain: each offset depends on the previous length
         if pos + 4 > end:
             raise FormatError(key, where(pos), f"record {i}: length prefix past the block end")
         (n,) = unpack(block, pos)
@@ -131,7 +151,22 @@ def decode_block(data, key: str | None = None,
         raise FormatError(key, where(pos), f"{end - pos} trailing bytes after "
                           f"{count} records in the record block")
     return DecodedBlock(block, np.array(starts, dtype=np.int64),
-                        np.array(lengths, dtype=np.int64), compressed)
+                        np.array(lengths, dtype=np.int64), compressed, key)
+
+
+def _uniform_layout(block: bytes, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Fast path, fully vectorised: every record has the first record's length."""
+    if count == 0 or len(block) % count:
+        return None
+    stride = len(block) // count
+    (first,) = U32.unpack_from(block, 0)
+    if first + 4 != stride:
+        return None
+    prefixes = np.ndarray((count,), dtype="<u4", buffer=block, strides=(stride,))
+    if not np.all(prefixes == first):
+        return None
+    starts = 4 + np.arange(count, dtype=np.int64) * stride
+    return starts, np.full(count, first, dtype=np.int64)
 
 
 def decode_batch(data, key: str | None = None,
