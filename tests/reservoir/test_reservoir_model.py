@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import tempfile
 
@@ -9,7 +10,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from headrace.reservoir import PageNotFound, ReservoirOptions, ReservoirStorage
+from headrace.reservoir import PageNotFound, PageRunWriter, ReservoirOptions, ReservoirStorage
 from headrace.store import LocalStore
 
 PIDS = st.integers(min_value=-3, max_value=12)
@@ -31,6 +32,7 @@ class ReservoirModel(RuleBasedStateMachine):
         self.committed: dict[int, bytes] = {}
         self.durable: dict[int, bytes] = {}
         self.counter = 0
+        self.runs = 0
 
     def _open(self):
         return ReservoirStorage.open(self.store, options=self.opts, cache_dir=self.dir + "/cache")
@@ -72,6 +74,34 @@ class ReservoirModel(RuleBasedStateMachine):
         self.pending = {}
         self.committed = dict(self.durable)
         self._check(self.durable)
+
+    @rule(ops=st.lists(st.tuples(PIDS, st.integers(min_value=-1, max_value=1500)),
+                       max_size=12))
+    def absorb_run_from_another_process(self, ops):
+        """A task's PageRunWriter (full files uploaded by the task), absorbed by the driver."""
+        self.runs += 1
+        w = PageRunWriter(self.store, run_id=f"run{self.runs}", options=self.opts)
+        final: dict[int, bytes | None] = {}
+        for pid, size in ops:
+            if size < 0:
+                w.delete(pid)
+                final[pid] = None
+            else:
+                self.counter += 1
+                data = bytes([self.counter % 251]) * size + self.counter.to_bytes(4, "little")
+                w.write(pid, data)
+                final[pid] = data
+        self.storage.absorb([pickle.loads(pickle.dumps(w.finish()))])
+        for pid, data in final.items():
+            if data is None:
+                self.committed.pop(pid, None)
+            else:
+                self.committed[pid] = data
+
+    @precondition(lambda self: not self.pending)
+    @rule()
+    def sweep_orphans(self):
+        self.storage.sweep_orphans(grace_s=0)
 
     @precondition(lambda self: not self.pending)
     @rule()

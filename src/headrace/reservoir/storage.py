@@ -347,13 +347,17 @@ class ReservoirStorage:
         return sweep_orphans(self, self.opts.orphan_grace_s if grace_s is None else grace_s,
                              time.time() if now is None else now)
 
-    def compact(self) -> int | None:
+    def compact(self, *, sweep: bool = True) -> int | None:
         """Repack files below the live-ratio threshold; returns the checkpoint that made it
-        durable, or None when nothing needed compaction."""
+        durable, or None when nothing needed compaction. Then (``sweep``) delete orphans older
+        than ``orphan_grace_s`` (files of tasks that failed before being absorbed)."""
         from headrace.reservoir.compaction import compact
 
         self._check_open()
-        return compact(self)
+        version = compact(self)
+        if sweep:
+            self.sweep_orphans()
+        return version
 
     def reset(self) -> None:
         """Drop everything not checkpointed (after a failure) and reset every session."""
