@@ -15,8 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headrace.spine import Batch, Circuit, FingerprintMismatch, LocalBatchStore, StorageLocked
-from headrace.spine.catalog import decode_catalog
+from headrace.spine import (
+    Batch,
+    Circuit,
+    FingerprintMismatch,
+    LocalBatchStore,
+    ReservoirBatchStore,
+    StorageLocked,
+)
 from headrace.testing.batchstore_conformance import BatchStoreTests
 
 
@@ -74,7 +80,7 @@ def test_fingerprint_mismatch_is_refused_and_checkpoint_choice(tmp_path):
 ZYGOTE = textwrap.dedent("""
     import os, sys
     import numpy as np, pyarrow as pa
-    from headrace.spine import Batch, Circuit, SpineConfig
+    from headrace.spine import Batch, Circuit, ReservoirBatchStore, SpineConfig
 
     def batch(i):
         rng = np.random.default_rng(i)
@@ -86,7 +92,8 @@ ZYGOTE = textwrap.dedent("""
     def work(d, mode, progress):
         cfg = SpineConfig(merge_fanout=2, base_rows=1000, memory_budget_bytes=0,
                           block_bytes=4096, background_merge=(mode == "commit"))
-        c = Circuit.open(d, "crash-graph", config=cfg)
+        where = d if mode != "reservoir" else ReservoirBatchStore(d, page_bytes=65536)
+        c = Circuit.open(where, "crash-graph", config=cfg)
         sp = c.spine("s", pa.int64(), pa.int64())
         i = c.step
         while True:
@@ -100,6 +107,7 @@ ZYGOTE = textwrap.dedent("""
             os.write(progress, f"{i}\\n".encode())
 
     Batch.merge([batch(1), batch(2)]).to_bytes()  # warm Arrow once, before forking
+    import headrace.reservoir  # noqa: F401 - imported once here, not in every child
     for line in sys.stdin:
         d, mode, progress = line.split()
         pid = os.fork()
@@ -137,38 +145,39 @@ def _model_b(step: int) -> Batch:
     return _MODELS[step]
 
 
-@pytest.mark.parametrize("mode", ["commit", "merge"])
-def test_sigkill_during_commit_or_merge_30_times(tmp_path, mode):
+@pytest.mark.parametrize("mode,kills", [("commit", 30), ("merge", 30), ("reservoir", 5)])
+def test_sigkill_during_commit_or_merge_30_times(tmp_path, mode, kills):
     state, progress = tmp_path / "state", tmp_path / "progress"
     zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     rng = random.Random(1234)
     acked: list[int] = []
     try:
-        for _ in range(30):
+        for _ in range(kills):
             zygote.stdin.write(f"{state} {mode} {progress}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
-            time.sleep(rng.uniform(0.1, 0.45))
+            time.sleep(rng.uniform(0.08, 0.35) if mode != "reservoir" else rng.uniform(0.3, 0.9))
             os.kill(pid, signal.SIGKILL)
             assert zygote.stdout.readline().strip() == "reaped"
             acked = [int(x) for x in progress.read_text().split()] if progress.exists() else []
-            _check_recovered(state, acked[-1] if acked else 0)
-        least = 10 if mode == "commit" else 5
+            _check_recovered(state, acked[-1] if acked else 0, mode)
+        least = {"commit": 10, "merge": 5, "reservoir": 2}[mode]
         assert len(acked) >= least, f"only {len(acked)} commits acknowledged: kills came too soon"
     finally:
         zygote.stdin.close()
         zygote.wait(30)
 
 
-def _check_recovered(state: Path, last_acked: int) -> None:
-    with Circuit.open(state, "crash-graph") as c:  # runs startup gc
+def _check_recovered(state: Path, last_acked: int, mode: str) -> None:
+    where = state if mode != "reservoir" else ReservoirBatchStore(str(state), page_bytes=65536)
+    with Circuit.open(where, "crash-graph") as c:  # runs startup gc
         step = c.step
         assert last_acked <= step <= last_acked + 3
-        leftovers = [p for p in state.rglob("*") if p.name.endswith(".mut")]
-        assert leftovers == []
-        catalog = decode_catalog((state / "checkpoints.headrace").read_bytes()) \
-            if step else []
+        if mode != "reservoir":
+            leftovers = [p for p in state.rglob("*") if p.name.endswith(".mut")]
+            assert leftovers == []
+        catalog = c.store.checkpoints()
         referenced = {b for e in catalog for m in c.store.read_manifests(e.id).values()
                       for b in m.batches}
         assert set(c.store.batch_names()) == referenced

@@ -335,7 +335,10 @@ class Spine:
             keys = pa.array(sorted_unique(keys.to_numpy()))
         else:
             keys = pc.unique(keys)
-        hashes = hash_keys(keys) if any(b.bloom_k for b in batches) else None
+        # int64: two searchsorted per batch cost less than Bloom probes; binary keys: the
+        # filter saves routing probes through the sparse index (Python objects)
+        hashes = hash_keys(keys) if not pa.types.is_int64(keys.type) and any(
+            b.bloom_k for b in batches) else None
         parts = [b.lookup_many(keys, hashes=hashes, probe_sorted=True) for b in batches]
         return self._finish(parts, bound, len(parts) == 1)
 
