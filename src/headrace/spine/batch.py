@@ -409,7 +409,7 @@ def _as_key_array(keys, key_type: pa.DataType) -> pa.Array:
     if keys.type != key_type:
         try:
             keys = keys.cast(key_type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        except pa.ArrowException as e:
             raise InvalidInput(f"lookup keys of type {keys.type} do not match {key_type}") from e
     return keys
 
