@@ -92,6 +92,7 @@ def test_unsafe_file_and_dir_names_refused(bad):
     (lambda b: b["dirIndex"]["subDirsPresent"][0].update(dirName="a.sst"), "appears twice"),
     (lambda b: b["dirIndex"].pop("filesRemoved"), "missing field"),
     (lambda b: b["dirIndex"]["filesPresent"][0]["attribs"].update(mode=1 << 20), "mode"),
+    (lambda b: b["dirIndex"]["filesPresent"][0]["blobs"][0].update(blobOffset=1 << 31), "limit"),
 ])
 def test_hostile_fields_name_what_is_wrong(mutate, what):
     body = body_of(sample_index())

@@ -64,9 +64,11 @@ class BlobStore:
         self.retry.call(lambda: self.store.put(key, data, OVERWRITE), what=f"put {key}")
         return blob_id
 
-    def get_blob(self, blob_id: str) -> bytes:
+    def get_blob(self, blob_id: str, end: int) -> bytes:
+        """Bytes [0, end) of a blob: ``end`` comes from the (validated) index, so a blob longer
+        than the index says is never read into memory; a shorter one comes back short."""
         key = self.blob_key(blob_id)
-        return self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+        return self.retry.call(lambda: self.store.get_range(key, 0, end), what=f"get {key}")
 
     def put_index(self, index: SnapshotIndex) -> tuple[str, int]:
         """Write an index blob; returns its id and size in bytes."""

@@ -36,8 +36,8 @@ class BackupConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.chunk_size, int) or not 4096 <= self.chunk_size <= 1 << 32:
-            raise ValueError(f"chunk_size must be an int in [4096, 2**32], got {self.chunk_size!r}")
+        if not isinstance(self.chunk_size, int) or not 4096 <= self.chunk_size <= 1 << 30:
+            raise ValueError(f"chunk_size must be an int in [4096, 2**30], got {self.chunk_size!r}")
         if self.pack_below is None:
             self.pack_below = min(256 << 10, self.chunk_size)
         if not isinstance(self.pack_below, int) or not 0 <= self.pack_below <= self.chunk_size:

@@ -25,6 +25,7 @@ FORMAT_NAME = "headrace-backup-index"
 MAX_DEPTH = 128  # directory nesting an index may describe
 MAX_ENTRIES = 10_000_000  # files + dirs + blobs in one index
 MAX_FILE_SIZE = 1 << 50
+MAX_BLOB_BYTES = 1 << 31  # a chunk or pack never exceeds this (chunk_size <= 1 GiB)
 MAX_INDEX_BYTES = 1 << 30
 
 _ENVELOPE_HEAD = re.compile(rb'\A\{"format":"headrace-backup-index","crc32":"([0-9a-f]{8})",'
@@ -225,6 +226,9 @@ class _Decoder:
                             self.int_(b["size"], f"{bw}.size", 1, MAX_FILE_SIZE),
                             self.int_(b["crc32"], f"{bw}.crc32", 0, 0xFFFFFFFF),
                             self.int_(b["blobOffset"], f"{bw}.blobOffset", 0, MAX_FILE_SIZE))
+            if blob.blob_offset + blob.size > MAX_BLOB_BYTES:
+                raise self.fail(bw, f"chunk ends at byte {blob.blob_offset + blob.size} of its "
+                                    f"blob, past the {MAX_BLOB_BYTES}-byte limit")
             if blob.offset != expect:
                 raise self.fail(bw, f"offset {blob.offset} but the previous chunk ends at {expect}")
             expect += blob.size

@@ -281,7 +281,8 @@ class RestoreManager:
         def fetch(blob_id: str, segments: Segments) -> list:
             """Download one blob; a pack's files are then written by several follow-up jobs."""
             key = self.blobs.blob_key(blob_id)
-            data = memoryview(self.blobs.get_blob(blob_id))
+            end = max(b.blob_offset + b.size for _, _, b in segments)
+            data = memoryview(self.blobs.get_blob(blob_id, end))
             if len(segments) < 8:
                 return write(data, key, segments)
             n = self.config.download_workers
