@@ -103,6 +103,6 @@ def _open_obstore(scheme: str, parts, url: str) -> ObjectStore:
         # first line only and no chained cause: obstore's debug dump may hold the config
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise InvalidInput(f"cannot open {redact_url(url)!r}: {first}") from None
-    safe_url = f"{scheme}://{bucket}/{prefix}" if prefix else f"{scheme}://{bucket}"
-    store: ObjectStore = ObstoreStore(inner, safe_url)
+    # no query string: it may hold credentials. PrefixedStore appends the prefix.
+    store: ObjectStore = ObstoreStore(inner, f"{scheme}://{bucket}")
     return PrefixedStore(store, prefix) if prefix else store
