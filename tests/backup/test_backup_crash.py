@@ -27,6 +27,11 @@ from headrace.store import FaultyStore, LocalStore
 store_dir, src, record, action = sys.argv[1:5]
 store = FaultyStore(LocalStore(store_dir), latency_s=0.01)
 cfg = BackupConfig(chunk_size=4096, upload_workers=2, download_workers=2, ttl_ms=3_600_000)
+if action == "sweep":
+    with BackupManager(store, config=cfg) as bm:
+        print("START", flush=True)
+        bm.sweep()
+    sys.exit(0)
 if action == "restore":
     with RestoreManager(store, config=cfg) as rm:
         print("START", flush=True)
@@ -138,3 +143,19 @@ def test_sigkill_mid_restore_leaves_target_untouched(tmp_path):
         rm.restore(record.read_text(), target)
     assert read_tree(target) == committed
     assert not list(tmp_path.glob(".state.hr-*"))
+
+
+def test_sigkill_mid_sweep_then_sweep_again(tmp_path):
+    store, src, record, committed = first_commit(tmp_path)
+    # garbage of many abandoned uploads, already expired (born with a 1 ms TTL)
+    with BackupManager(store, config=BackupConfig(chunk_size=4096, ttl_ms=1)) as bm:
+        for i in range(3):
+            bm.upload(src, f"abandoned-{i}")
+    time.sleep(0.01)
+    before = len(list(store.list("backup/blobs/")))
+    proc = spawn(str(store.root), str(src), str(record), "sweep")
+    # the sweep deletes indexes first, then blobs in one delete_many: kill between them or
+    # during the blob deletes
+    kill_when(proc, lambda: len(list(store.list("backup/index/"))) < 4)
+    assert len(list(store.list("backup/blobs/"))) <= before
+    restart_and_check(tmp_path, store, record, committed)
