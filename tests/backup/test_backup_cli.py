@@ -29,3 +29,25 @@ def test_cli_create_ls_restore_sweep(tmp_path):
     res = runner.invoke(cli, ["backup", "create", str(src), url, "--checkpoint-id", "c",
                               "--workers", "0"])
     assert res.exit_code == 2 and "upload_workers" in res.output
+
+
+def test_cli_verify_and_show(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, {**sample_tree(), "big.sst": b"b" * 300_000})  # a pack + one big blob
+    url = str(tmp_path / "store")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["backup", "create", str(src), url, "--checkpoint-id", "c1"])
+    index_id = res.stdout.strip().splitlines()[-1]
+    res = runner.invoke(cli, ["backup", "show", url, index_id], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "sub/deep/deeper/b.batch" in res.output
+    res = runner.invoke(cli, ["backup", "verify", url, index_id, "--deep"])
+    assert res.exit_code == 0 and "committed" in res.output and "ok" in res.output
+    blobs = sorted((tmp_path / "store" / "backup" / "blobs").iterdir())
+    data = bytearray(blobs[0].read_bytes())
+    data[0] ^= 0xFF
+    blobs[0].write_bytes(bytes(data))
+    blobs[1].unlink()
+    res = runner.invoke(cli, ["backup", "verify", url, index_id])
+    assert res.exit_code == 1 and "missing" in res.output and "crc32" not in res.output
+    res = runner.invoke(cli, ["backup", "verify", url, index_id, "--deep"])
+    assert res.exit_code == 1 and "crc32 mismatch" in res.output and "2 problem(s)" in res.output

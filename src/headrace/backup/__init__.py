@@ -17,10 +17,11 @@ from headrace.backup.index import (
 from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
 from headrace.backup.progress import Progress, ProgressCallback
 from headrace.backup.restore import RestoreManager, RestoreResult
+from headrace.backup.verify import VerifyReport, verify_snapshot
 
 __all__ = [
     "DEFAULT_IMMUTABLE_PATTERNS", "SCHEMA_VERSION", "BackupConfig", "BackupManager", "BlobStore",
     "DirDiff", "DirDiffer", "DirIndex", "FileBlob", "FileIndex", "Progress", "ProgressCallback",
     "RestoreManager", "RestoreResult", "SnapshotIndex", "SweepReport", "cleanup_snapshot",
-    "decode_index", "encode_index", "sweep",
+    "VerifyReport", "decode_index", "encode_index", "sweep", "verify_snapshot",
 ]

@@ -17,7 +17,13 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from headrace.backup import BackupConfig, BackupManager, Progress, RestoreManager
+from headrace.backup import (
+    BackupConfig,
+    BackupManager,
+    Progress,
+    RestoreManager,
+    verify_snapshot,
+)
 from headrace.backup.index import blob_expiry_ms
 from headrace.errors import HeadraceError
 from headrace.store import CountingStore, open_store
@@ -123,6 +129,50 @@ def sweep_cmd(url: str, dry_run: bool, prefix: str) -> None:
     click.echo(f"{verb} {r.indexes_deleted} indexes, {r.blobs_deleted} blobs, "
                f"{r.markers_deleted} markers; kept {r.indexes_live} live indexes, "
                f"{r.blobs_live} live blobs, {r.blobs_young} young unreferenced blobs")
+
+
+@backup_group.command("verify")
+@click.argument("url")
+@click.argument("index_id")
+@click.option("--deep", is_flag=True, help="Download every blob and check its crc32s.")
+@_prefix_option
+def verify_cmd(url: str, index_id: str, deep: bool, prefix: str) -> None:
+    """Check snapshot INDEX_ID: index decodes, blobs exist (and match their crc32s, --deep)."""
+    try:
+        with BackupManager(open_store(url), prefix=prefix) as bm:
+            r = verify_snapshot(bm.blobs, index_id, deep=deep)
+    except HeadraceError as e:
+        raise _fail(e) from e
+    state = "committed" if r.committed else "not committed (TTL still set)"
+    click.echo(f"snapshot {index_id} (checkpoint {r.checkpoint_id}, {state}): {r.files} files, "
+               f"{r.bytes:,} bytes in {r.blobs} blobs")
+    for problem in r.problems:
+        click.echo(f"  problem: {problem}")
+    if not r.ok:
+        raise click.ClickException(f"{len(r.problems)} problem(s) found")
+    click.echo("ok" + (" (all chunk crc32s checked)" if deep else ""))
+
+
+@backup_group.command("show")
+@click.argument("url")
+@click.argument("index_id")
+@_prefix_option
+def show(url: str, index_id: str, prefix: str) -> None:
+    """Print the files of snapshot INDEX_ID: path, size, crc32, chunks."""
+    try:
+        with BackupManager(open_store(url), prefix=prefix) as bm:
+            idx = bm.blobs.get_index(index_id)
+    except HeadraceError as e:
+        raise _fail(e) from e
+    table = Table("path", "size", "crc32", "chunks")
+    for rel, f in idx.dir_index.walk_files():
+        table.add_row(rel, f"{f.size:,}", f"{f.crc32:08x}", str(len(f.blobs)))
+    for rel in idx.dir_index.walk_dirs():
+        table.add_row(rel + "/", "", "", "")
+    Console().print(table)
+    click.echo(f"checkpoint {idx.checkpoint_id}, previous index "
+               f"{idx.prev_snapshot_index_blob_id}, {idx.file_count} files, "
+               f"{idx.total_bytes:,} bytes")
 
 
 @click.command("restore")
