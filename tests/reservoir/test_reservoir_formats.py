@@ -16,7 +16,7 @@ from headrace.reservoir.recovery import decode_object, split_object
 from headrace.reservoir.state import FileRow
 from headrace.reservoir.verify import verify_data_file
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _datafile(n=5, pad=False):

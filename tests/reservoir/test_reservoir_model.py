@@ -136,7 +136,7 @@ class ReservoirModelFileRegistry(ReservoirModel):
     registry = "file"
 
 
-SETTINGS = settings(max_examples=25, stateful_step_count=40, deadline=None,
+SETTINGS = settings(max_examples=20, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 TestReservoirModel = ReservoirModel.TestCase
 TestReservoirModel.settings = SETTINGS

@@ -20,6 +20,8 @@ MISSING = object()
 
 
 def check_page_id(page_id: object) -> int:
+    if type(page_id) is int and -(1 << 63) <= page_id < (1 << 63):
+        return page_id
     if not isinstance(page_id, int | np.integer) or isinstance(page_id, bool):
         raise TypeError(f"page id must be an int, got {type(page_id).__name__}")
     pid = int(page_id)

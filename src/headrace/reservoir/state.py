@@ -6,6 +6,7 @@ loop in Python over pages. Per-file bookkeeping loops over *files*, which are fe
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -75,15 +76,25 @@ class State:
     files: dict[int, FileRow] = field(default_factory=dict)
     deleted_files: dict[int, int] = field(default_factory=dict)  # file id -> deleted-at version
     registry: Registry = field(default_factory=Registry.empty)
+    _views: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def lookup(self, page_id: int) -> tuple[int, int, int, int] | None:
-        """(file id, offset, size, crc32) of a page, or None."""
-        i = int(self.ids.searchsorted(page_id))
-        if i < len(self.ids) and int(self.ids[i]) == page_id:
-            return int(self.fids[i]), int(self.offs[i]), int(self.sizes[i]), int(self.crcs[i])
+        """(file id, offset, size, crc32) of a page, or None.
+
+        A binary search over memoryviews of the columns: no copy, and no numpy scalar
+        overhead on the per-read hot path.
+        """
+        views = self._views
+        if views is None:
+            views = self._views = tuple(memoryview(np.ascontiguousarray(a)) for a in (
+                self.ids, self.fids, self.offs, self.sizes, self.crcs))
+        ids = views[0]
+        i = bisect_left(ids, page_id)
+        if i < len(ids) and ids[i] == page_id:
+            return views[1][i], views[2][i], views[3][i], views[4][i]
         return None
 
     def contains_many(self, page_ids: np.ndarray) -> np.ndarray:
