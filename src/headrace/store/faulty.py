@@ -30,8 +30,9 @@ ALL_VERBS = frozenset({"get", "get_range", "head", "put", "list", "delete", "del
 class InjectedFault(StoreError):
     """The error FaultyStore raises: retryable, like a 503 or a reset connection."""
 
-    def __init__(self, verb: str, key: str | None, call_no: int):
-        super().__init__(f"injected fault in {verb} #{call_no} ({key!r})", key=key, retryable=True)
+    def __init__(self, verb: str, key: str | None, call_no: int, retryable: bool = True):
+        super().__init__(f"injected fault in {verb} #{call_no} ({key!r})", key=key,
+                         retryable=retryable)
         self.verb = verb
 
 
@@ -58,8 +59,13 @@ class FaultyStore(ObjectStore):
         corrupt_keys: Callable[[str], bool] | None = None,
         verbs: Iterable[str] = ALL_VERBS,
         keys: Callable[[str], bool] | None = None,
+        retryable: bool = True,
     ) -> None:
-        """Replace the fault plan (and restart the call count)."""
+        """Replace the fault plan (and restart the call count).
+
+        ``retryable=False`` makes injected failures permanent errors (a crash of the caller's
+        operation, not a blip its retry policy absorbs).
+        """
         if corrupt_get not in (None, "flip", "truncate"):
             raise ValueError("corrupt_get must be None, 'flip' or 'truncate'")
         for name, rate in (("fail_rate", fail_rate), ("lost_reply_rate", lost_reply_rate),
@@ -79,6 +85,7 @@ class FaultyStore(ObjectStore):
             self.corrupt_keys = corrupt_keys
             self.verbs = frozenset(verbs)
             self.keys = keys
+            self.retryable = retryable
             self._calls = 0
 
     def clear(self) -> None:
@@ -98,7 +105,7 @@ class FaultyStore(ObjectStore):
             if fail:
                 self.injected["fail"] += 1
         if fail:
-            raise InjectedFault(verb, key, n)
+            raise InjectedFault(verb, key, n, self.retryable)
 
     def _lose_reply(self, key: str) -> bool:
         if not self.lost_reply_rate or (self.keys is not None and not self.keys(key)):
