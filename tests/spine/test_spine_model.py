@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from headrace.spine import Batch, Circuit, SpineConfig
+from headrace.spine import Batch, Circuit, ReservoirBatchStore, SpineConfig
 
 CONFIG = SpineConfig(merge_fanout=2, base_rows=4, background_merge=False,
                      memory_budget_bytes=2000, block_bytes=512)
@@ -40,8 +40,11 @@ class SpineMachine(RuleBasedStateMachine):
     def _key(self, k: int):
         return k if self.key_kind == "int" else f"k{k:03d}"
 
+    def _location(self):
+        return self.dir
+
     def _open(self):
-        self.circuit = Circuit.open(self.dir, "graph-v1", config=CONFIG)
+        self.circuit = Circuit.open(self._location(), "graph-v1", config=CONFIG)
         kt = pa.int64() if self.key_kind == "int" else pa.large_string()
         self.spine = self.circuit.spine("state", kt, pa.int64())
 
@@ -117,9 +120,19 @@ class StringKeySpineMachine(SpineMachine):
     key_kind = "str"
 
 
+class ReservoirSpineMachine(SpineMachine):
+    """The same model on ReservoirBatchStore; a crash = closing the reservoir without a
+    checkpoint (only checkpointed pages survive either way)."""
+
+    def _location(self):
+        return ReservoirBatchStore(self.dir + "/bucket", page_bytes=4096)
+
+
 _settings = settings(max_examples=15, stateful_step_count=20, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 TestSpineModelInt = SpineMachine.TestCase
 TestSpineModelInt.settings = _settings
 TestSpineModelStr = StringKeySpineMachine.TestCase
 TestSpineModelStr.settings = _settings
+TestSpineModelReservoir = ReservoirSpineMachine.TestCase
+TestSpineModelReservoir.settings = settings(_settings, max_examples=5)
