@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import LongType, StructField, StructType
 
 from headrace.codec import crc32
@@ -53,12 +53,6 @@ def _options(options) -> tuple[str, str]:
     if not url or not shard:
         raise InvalidInput(f"{NAME} needs options 'url' and 'shard' (got {dict(options)})")
     return url, shard
-
-
-def _to_spark_table(table: pa.Table) -> pa.Table:
-    """uint64 times become int64 (Spark has no unsigned types)."""
-    i = table.schema.get_field_index(P.TIME)
-    return table.set_column(i, P.TIME, table.column(P.TIME).cast(pa.int64()))
 
 
 def _latest_upper(client: PersistClient, shard: str) -> int:
@@ -80,22 +74,31 @@ class ShardDataSource(DataSource):
             raise InvalidInput(f"shard {shard!r} has no schema yet (nothing written): "
                                "pass .schema(...) to read it")
         fields = list(from_arrow_schema(arrow).fields)
-        return StructType(fields + [StructField(P.TIME, LongType(), False),
-                                    StructField(P.DIFF, LongType(), False)])
+        return StructType(fields + [StructField(P.TIME, LongType(), True),
+                                    StructField(P.DIFF, LongType(), True)])
 
     def reader(self, schema):
-        return ShardBatchReader(self.options)
+        return ShardBatchReader(self.options, schema)
 
     def streamReader(self, schema):
-        return ShardStreamReader(self.options)
+        return ShardStreamReader(self.options, schema)
 
     def streamWriter(self, schema, overwrite: bool):
         return ShardStreamWriter(self.options, schema)
 
 
+def _as_spark(table: pa.Table, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Batches with exactly the Arrow schema Spark expects (it checks types and nullability)."""
+    table = table.select(target.names)
+    yield from pa.Table.from_arrays([c.cast(f.type) for c, f in zip(table.columns, target,
+                                                                    strict=True)],
+                                    schema=target).to_batches()
+
+
 class ShardBatchReader(DataSourceReader):
-    def __init__(self, options):
+    def __init__(self, options, schema):
         self.url, self.shard = _options(options)
+        self.target = to_arrow_schema(schema, timezone="UTC")
         as_of = options.get("as_of")
         if as_of is None:
             upper = _latest_upper(PersistClient(self.url), self.shard)
@@ -111,7 +114,7 @@ class ShardBatchReader(DataSourceReader):
             return iter(())
         client = PersistClient(self.url)
         snap = client.read_only(self.shard).snapshot(partition.value)
-        yield from _timed(snap, partition.value).to_batches()
+        yield from _as_spark(_timed(snap, partition.value), self.target)
 
 
 def _timed(snapshot: pa.Table, t: int) -> pa.Table:
@@ -129,8 +132,9 @@ class _Range:
 
 
 class ShardStreamReader(DataSourceStreamReader):
-    def __init__(self, options):
+    def __init__(self, options, schema):
         self.url, self.shard = _options(options)
+        self.target = to_arrow_schema(schema, timezone="UTC")
         self.start_at = int(options.get("start_upper", 0))
 
     def initialOffset(self) -> dict:
@@ -151,8 +155,8 @@ class ShardStreamReader(DataSourceStreamReader):
         if r.initial:
             table = _timed(handle.snapshot(r.end - 1), r.end - 1)
         else:
-            table = _to_spark_table(handle.updates_between(r.start, r.end).sort_by(P.TIME))
-        yield from table.to_batches()
+            table = handle.updates_between(r.start, r.end).sort_by(P.TIME)
+        yield from _as_spark(table, self.target)
 
     def commit(self, end: dict) -> None:
         pass  # nothing is held: the shard's since is not moved by this reader
