@@ -149,7 +149,9 @@ def test_bad_download_is_retried_once_then_surfaces(tmp_path):
     inner = LocalStore(tmp_path / "s", fsync=False)
     _build(inner)
     faulty = FaultyStore(inner, seed=3)
+    bundle = 1 << 63 | 2
     with ReservoirReader.open(faulty, cache_dir=tmp_path / "c1") as r:
+        r.source.cache.evict(bundle)  # recovery cached the bundle it read; force a download
         faulty.set_faults(corrupt_get="flip", corrupt_rate=1.0,
                           corrupt_keys=lambda k: k.endswith(".bundle"))
         faulty.injected["corrupt"] = 0
@@ -158,6 +160,7 @@ def test_bad_download_is_retried_once_then_surfaces(tmp_path):
         assert ei.value.key.endswith("00000000000000000002.bundle")
         assert faulty.injected["corrupt"] == 2  # downloaded twice, then the error surfaced
     with ReservoirReader.open(faulty, cache_dir=tmp_path / "c2") as r:
+        r.source.cache.evict(bundle)
         calls: list[str] = []
         faulty.set_faults(corrupt_get="flip",
                           corrupt_keys=lambda k: calls.append(k) is None and len(calls) == 1)

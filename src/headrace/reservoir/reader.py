@@ -25,11 +25,13 @@ class ReservoirReader:
         bundled = store.capabilities.listable if mode == "auto" else mode == "bundled"
         self.loader = CheckpointLoader(store, self.prefix, bundled, options.max_checkpoint_bytes,
                                        retry)
-        self._state: State = self.loader.load(version).state
+        loaded = self.loader.load(version)
+        self._state: State = loaded.state
         self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
         if self.source.cache is not None:
             self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()},
                                           delete_others=False)
+            self.source.admit_recovered(loaded.latest_object, self._state)
         self.reads = 0
 
     @classmethod

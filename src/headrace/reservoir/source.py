@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import zlib
 
+from headrace.codec import crc64
 from headrace.errors import ChecksumMismatch
 from headrace.reservoir.cache import LocalCache
-from headrace.reservoir.keys import data_key
+from headrace.reservoir.keys import bundle_id, data_key
 from headrace.reservoir.options import ReservoirOptions
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore
@@ -50,6 +51,18 @@ class PageSource:
                 return data
         key = self.key(file_id)
         return self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+
+    def admit_recovered(self, obj, state) -> None:
+        """Recovery already fetched the newest checkpoint object: when it is a bundle whose
+        pages are live, check its data CRC64 and put it in the cache (saves a download)."""
+        if self.cache is None or obj is None or obj.kind != "bundle":
+            return
+        fid = bundle_id(state.version)
+        row = state.files.get(fid)
+        if row is None or len(obj.data) < row.size:
+            return
+        if crc64(memoryview(obj.data)[:row.size]) == row.crc64:
+            self.cache.register(fid, row.crc64, obj.data)
 
     def register(self, file_id: int, crc: int, data) -> None:
         if self.cache is not None:

@@ -115,6 +115,7 @@ class ReservoirStorage:
         self.last_checkpoint_puts = 0
         if self.source.cache is not None:
             self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()})
+            self.source.admit_recovered(loaded.latest_object, self._state)
         self.versions.mark_open()
         self._versions_cleaned = False
         self._collect_garbage(self._state.registry, self._state.registry)
@@ -191,6 +192,7 @@ class ReservoirStorage:
 
     def _ship_full(self, ref: FileRef) -> None:
         """Finalize a full file and queue it for upload (blocks when the queue is full)."""
+        self._check_open()
         fid = self._alloc_file_id()
         w = ref.writer
         ref.data_offset = w.data_offset()
