@@ -121,6 +121,8 @@ def test_storage_registers_new_files_and_retains_on_open(tmp_path):
         store.reset()
         assert st.read(3) == b"new"
         assert store.counts()["gets"] == 0
+        text = st.metrics_prometheus()
+        assert 'headrace_reservoir_version{stream="default/v/default"} 3' in text
 
 
 def test_compaction_reads_do_not_fill_the_cache(tmp_path):

@@ -386,6 +386,12 @@ class ReservoirStorage:
             m.update({f"cache_{k}": v for k, v in self.source.cache.metrics().items()})
         return m
 
+    def metrics_prometheus(self) -> str:
+        """``metrics()`` in Prometheus text format, labelled with the stream prefix."""
+        from headrace.reservoir.metrics import prometheus_text
+
+        return prometheus_text(self.metrics(), labels={"stream": self.prefix})
+
     def state(self) -> State:
         return self._state
 
