@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--until-idle", action="store_true")
+    ap.add_argument("--batches-per-trigger", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--verify-seed", type=int, default=None)
     ap.add_argument("--customers", type=int, default=200)
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
     spark = local_spark("headrace-demo", master=args.master, shuffle_partitions=args.partitions,
                         extra={"spark.sql.adaptive.enabled": "false"})
     p = build_pipeline(spark, args.root, partitions=args.partitions,
-                       checkpoint_dir=args.checkpoint_dir)
+                       checkpoint_dir=args.checkpoint_dir,
+                       batches_per_trigger=args.batches_per_trigger)
     p.on_batch = lambda info: emit(event="batch", **info)
     t0 = time.perf_counter()
     t = p.recover()
