@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "headrace.cli.demo_cmd",
     "headrace.cli.spine_cmd",
     "headrace.cli.queue_cmd",
+    "headrace.cli.shard_cmd",
 ]
 
 
