@@ -109,6 +109,11 @@ def test_cursor_walks_keys_in_order_and_seeks():
     assert cur.weight() == sum(by_key[cur.key()].values())
     bounded = [k for k, _ in sp.cursor(lo=100, hi=120)]
     assert bounded == sorted(k for k in by_key if 100 <= k < 120)
+    one = Batch.from_arrow(parts[0])
+    bc = one.cursor(chunk_rows=50)
+    bc.seek(10)
+    assert bc.key() == min(k for k in one.to_table().column("key").to_pylist() if k >= 10)
+    assert [k for k, _ in one.cursor()] == sorted(set(one.to_table().column("key").to_pylist()))
 
 
 def test_string_keys_cursor_and_lookup():

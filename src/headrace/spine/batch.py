@@ -347,6 +347,12 @@ class Batch:
         self._verify_ranges(np.array([r0]), np.array([r1]))
         return self.table.slice(r0, r1 - r0)
 
+    def cursor(self, lo=None, hi=None, chunk_rows: int = 65536):
+        """A Cursor over this batch alone (seek / key / values / next_key)."""
+        from headrace.spine.cursor import batch_cursor
+
+        return batch_cursor(self, lo, hi, chunk_rows)
+
     def lookup_many(self, keys: pa.Array | pa.ChunkedArray, *,
                     hashes: np.ndarray | None = None, probe_sorted: bool = False) -> pa.Table:
         """All rows whose key is in ``keys`` (no Python loop per key).

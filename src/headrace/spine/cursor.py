@@ -90,3 +90,18 @@ class Cursor:
         while self.valid():
             yield self.key(), self.values()
             self.next_key()
+
+
+class _OneBatch:
+    """Adapts a single Batch to what Cursor reads (``batches`` and ``range``)."""
+
+    def __init__(self, batch):
+        self.batches = [batch] if len(batch) else []
+        self._batch = batch
+
+    def range(self, lo=None, hi=None) -> pa.Table:
+        return self._batch.range(lo, hi)
+
+
+def batch_cursor(batch, lo=None, hi=None, chunk_rows: int = 65536) -> Cursor:
+    return Cursor(_OneBatch(batch), lo, hi, chunk_rows)
