@@ -36,7 +36,14 @@ DEFAULT_LEASE_S = 900.0
 
 class PersistClient:
     def __init__(self, store_or_url: ObjectStore | str, *, root: str = DEFAULT_ROOT,
-                 clock: Clock | None = None, consensus: Consensus | None = None):
+                 clock: Clock | None = None, consensus: Consensus | None = None,
+                 auto_compact_at: int | None = 64, compact_to: int = 16):
+        """``auto_compact_at``: after an append leaves more parts than this, the writer
+        compacts down to ``compact_to`` parts inline (None: only explicit ``compact``)."""
+        if auto_compact_at is not None and not 1 <= compact_to < auto_compact_at:
+            raise ValueError("compact_to must be in [1, auto_compact_at)")
+        self.auto_compact_at = auto_compact_at
+        self.compact_to = compact_to
         self.store = open_store(store_or_url)
         self.root = root.strip("/")
         self.clock = clock or SystemClock()

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.codec import new_ulid
-from headrace.errors import InvalidInput, NotFound
+from headrace.errors import HeadraceError, InvalidInput, NotFound
 from headrace.persist import parts as P
 from headrace.persist.errors import (
     InvalidBounds,
@@ -100,10 +100,17 @@ class WriteHandle:
                            schema=state.schema or schema_text)
 
         try:
-            return self.machine.apply(step)
+            state = self.machine.apply(step)
         except UpperMismatch:
             self.client.store.delete_many([p.key for p in new_parts])  # never linked
             raise
+        limit = self.client.auto_compact_at
+        if limit is not None and len(state.parts) > limit:
+            try:
+                self.client.compact(self.shard, max_parts=self.client.compact_to)
+            except HeadraceError as e:  # the append is durable; compaction can wait
+                log.warning("shard %s: inline compaction failed: %s", self.shard, e)
+        return state
 
     def append(self, updates: pa.Table, lower: int, upper: int | None) -> bool:
         """Idempotent append of the updates for [lower, upper): trims to the current upper.

@@ -43,7 +43,7 @@ def check_updates(updates: pa.Table) -> pa.Table:
             try:
                 updates = updates.set_column(updates.schema.get_field_index(name), name,
                                              col.cast(typ, safe=True))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            except pa.ArrowException as e:
                 raise InvalidInput(f"column {name!r} must be {typ}: {e}") from None
     if len(set(updates.column_names)) != updates.num_columns:
         raise InvalidInput(f"duplicate column names in {updates.column_names}")
