@@ -34,7 +34,7 @@ _WORKER = textwrap.dedent(
     store = LocalStore(sys.argv[1])
     conflicts = 0
     for _ in range(int(sys.argv[2])):
-        policy = RetryPolicy(max_attempts=100_000, base_delay_s=0.0002, max_delay_s=0.005,
+        policy = RetryPolicy(max_attempts=100_000, base_delay_s=0.002, max_delay_s=0.05,
                              max_elapsed_s=120)
         for _attempt in policy.delays():
             res = store.get("cas/counter")

@@ -156,6 +156,10 @@ class LocalStore(ObjectStore):
     def put(self, key: str, data, mode: PutMode = OVERWRITE) -> str:
         path = self._path(key)
         parent = os.path.dirname(path)
+        # a conditional put that has already lost fails before writing anything: under
+        # contention this saves the temp-file write and fsync of every losing attempt. The
+        # check that decides is the one under the lock below.
+        self._check_precondition(key, path, mode)
         tmp = f"{parent}/{_TMP_PREFIX}{secrets.token_hex(8)}"
         try:
             # write and fsync outside the lock: the lock only covers check + rename
@@ -176,16 +180,7 @@ class LocalStore(ObjectStore):
             finally:
                 os.close(fd)
             with self._locked(key):
-                if isinstance(mode, Create):
-                    if os.path.exists(path):
-                        raise AlreadyExists(key)
-                elif isinstance(mode, IfMatch):
-                    try:
-                        current = _etag(os.stat(path))
-                    except FileNotFoundError:
-                        raise PreconditionFailed(key, mode.etag) from None
-                    if current != mode.etag:
-                        raise PreconditionFailed(key, mode.etag)
+                self._check_precondition(key, path, mode)
                 os.rename(tmp, path)
             if self.fsync:
                 _fsync_dir(parent)
@@ -199,6 +194,19 @@ class LocalStore(ObjectStore):
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+
+    @staticmethod
+    def _check_precondition(key: str, path: str, mode: PutMode) -> None:
+        if isinstance(mode, Create):
+            if os.path.exists(path):
+                raise AlreadyExists(key)
+        elif isinstance(mode, IfMatch):
+            try:
+                current = _etag(os.stat(path))
+            except (FileNotFoundError, NotADirectoryError):
+                raise PreconditionFailed(key, mode.etag) from None
+            if current != mode.etag:
+                raise PreconditionFailed(key, mode.etag)
 
     @staticmethod
     def _create_temp(key: str, parent: str, tmp: str) -> int:
