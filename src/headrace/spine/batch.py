@@ -300,7 +300,8 @@ class Batch:
         if n <= 1:
             return keys
         if pa.types.is_int64(keys.type):
-            return pa.array(sorted_unique(keys.to_numpy()))
+            k = keys.to_numpy()  # already sorted: distinct = differs from its predecessor
+            return pa.array(k[np.concatenate([[True], k[1:] != k[:-1]])])
         diff = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         return keys.filter(pa.array(np.concatenate([[True], diff])))
 
