@@ -45,13 +45,17 @@ class KillingStore(LocalStore):
         self._maybe("after")
 
 
+META = 1000  # a page holding k: the content index of the state it sits in
+
+
 def child_main(root: str, registry: str, target: int, when: str, log_path: str) -> None:
-    """The writer: checkpoints forever (until killed), logging intent and completion."""
+    """The writer: checkpoints forever (until killed), compacting every third round, logging
+    ``intent <version> <k>`` before and ``done <version>`` after each checkpoint."""
     opts = ReservoirOptions(max_file_size=16384, snapshot_interval=4, registry=registry,
                             in_flight_capacity=2)
     st = ReservoirStorage.open(KillingStore(root, target, when), options=opts)
     with open(log_path, "a", buffering=1) as log:
-        k = st.version
+        k = int.from_bytes(st.read(META), "little") if st.contains(META) else 0
         while True:
             k += 1
             s = st.session()
@@ -60,10 +64,16 @@ def child_main(root: str, registry: str, target: int, when: str, log_path: str) 
                     s.delete(pid)
                 else:
                     s.write(pid, data)
+            s.write(META, k.to_bytes(8, "little"))
             s.commit()
-            log.write(f"intent {k}\n")
-            assert st.checkpoint() == k
-            log.write(f"done {k}\n")
+            log.write(f"intent {st.version + 1} {k}\n")
+            v = st.checkpoint()
+            log.write(f"done {v}\n")
+            if k % 3 == 2:  # compaction: a checkpoint that moves pages, same contents
+                log.write(f"intent {st.version + 1} {k}\n")
+                v = st.compact(sweep=False)
+                if v is not None:
+                    log.write(f"done {v}\n")
 
 
 def model(version: int) -> dict[int, bytes]:

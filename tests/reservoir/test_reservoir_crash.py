@@ -1,5 +1,6 @@
-"""Crash test: a writer process is SIGKILLed at random points of checkpoint() 50 times (before,
-during and after data uploads, before and after the checkpoint/registry PUT, during cleanup);
+"""Crash test: a writer process is SIGKILLed at random points of checkpoint() and compact() 50
+times (before, during and after data uploads, before and after the checkpoint/registry PUT,
+during cleanup);
 every reopen yields exactly the last completed checkpoint (or the one in flight, if its commit
 PUT landed), with exactly that checkpoint's contents."""
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reservoir_crash_child import model
+from reservoir_crash_child import META, model
 
 from headrace.reservoir import ReservoirOptions, ReservoirStorage
 from headrace.store import LocalStore
@@ -38,7 +39,7 @@ def _run_child(launcher, root, registry, target, when, timer_s, log_path):
     reply = launcher.stdout.readline().split()
     assert reply == ["killed-by", str(int(signal.SIGKILL))], reply
     lines = open(log_path).read().splitlines()
-    intents = [int(x.split()[1]) for x in lines if x.startswith("intent")]
+    intents = [tuple(int(f) for f in x.split()[1:]) for x in lines if x.startswith("intent")]
     dones = [int(x.split()[1]) for x in lines if x.startswith("done")]
     return intents, dones
 
@@ -51,6 +52,7 @@ def test_sigkill_during_checkpoint_25_times_each(launcher, tmp_path, registry):
     log = tmp_path / "child.log"
     last_done = 0
     kills = 0
+    content_of: dict[int, int] = {}
     for i in range(25):
         if i % 5 == 4:  # some kills come from outside, at a random moment
             intents, dones = _run_child(launcher, root, registry, 0, "none", rng.uniform(0.05, 0.4), log)
@@ -58,12 +60,17 @@ def test_sigkill_during_checkpoint_25_times_each(launcher, tmp_path, registry):
             intents, dones = _run_child(launcher, root, registry, rng.randint(1, 14),
                                         rng.choice(["before", "after"]), None, log)
         kills += 1
+        for v, k in intents:  # version v holds the contents of round k (later lines win)
+            content_of[v] = k
         last_done = max([last_done, *dones])
-        in_flight = max(intents, default=last_done)
+        in_flight = max([v for v, _k in intents], default=last_done)
         with ReservoirStorage.open(LocalStore(root, fsync=False), options=opts) as st:
             v = st.version
             assert last_done <= v <= max(in_flight, last_done), (v, last_done, in_flight)
-            expected = model(v)
+            k = content_of.get(v, 0)
+            if v:
+                assert st.read(META) == k.to_bytes(8, "little"), (v, k)
+            expected = model(k)
             for pid in range(40):
                 if pid in expected:
                     assert st.read(pid) == expected[pid], (v, pid)
