@@ -78,6 +78,17 @@ def test_max_elapsed_stops_retrying_on_the_injected_clock():
     assert clock.monotonic() == pytest.approx(5.0)
 
 
+def test_backoff_never_sleeps_past_max_elapsed():
+    clock = ManualClock()
+    policy = RetryPolicy(max_attempts=100, base_delay_s=10.0, max_delay_s=100.0,
+                         max_elapsed_s=3.0, clock=clock, rng=random.Random(3))
+    fn = Flaky(10**6, StoreError("down", retryable=True))
+    with pytest.raises(RetryExhausted):
+        policy.call(fn)
+    assert clock.monotonic() <= 3.0
+    assert fn.calls >= 2
+
+
 def test_backoff_sleeps_on_the_clock_within_full_jitter_bounds():
     clock = ManualClock()
     policy = RetryPolicy(max_attempts=8, base_delay_s=0.1, max_delay_s=1.0, max_elapsed_s=1e6,

@@ -55,9 +55,10 @@ class RetryPolicy:
         start = self.clock.monotonic()
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:
-                if self.clock.monotonic() - start >= self.max_elapsed_s:
+                left = self.max_elapsed_s - (self.clock.monotonic() - start)
+                if left <= 0:
                     return
-                self.clock.sleep(self.backoff(attempt - 1))
+                self.clock.sleep(min(self.backoff(attempt - 1), left))  # never past the deadline
             yield attempt
 
     def call(

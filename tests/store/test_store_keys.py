@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from headrace.errors import InvalidKey
+from headrace.errors import InvalidKey, NotFound
 from headrace.store import LocalStore, MemoryStore, PrefixedStore, validate_key
 
 
@@ -51,6 +51,18 @@ def test_local_store_never_touches_a_path_outside_its_root(tmp_path):
         with pytest.raises(InvalidKey):
             store.delete(key)
     assert outside.read_bytes() == b"keep"
+
+
+def test_a_folder_is_not_an_object(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put("dir/obj", b"x")
+    for call in (lambda: store.get("dir"), lambda: store.head("dir"),
+                 lambda: store.get_range("dir", 0, 1)):
+        with pytest.raises(NotFound):
+            call()
+    assert not store.exists("dir")
+    store.delete("dir")  # quiet, and the folder's object survives
+    assert store.get("dir/obj").data == b"x"
 
 
 def test_list_prefix_is_validated_too():

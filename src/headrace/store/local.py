@@ -136,6 +136,8 @@ class LocalStore(ObjectStore):
             raise NotFound(key) from None
         try:
             return os.pread(fd, end - start, start)
+        except IsADirectoryError:
+            raise NotFound(key) from None  # a folder is not an object (as in get and head)
         except OSError as e:
             raise self._os_error(key, e) from e
         finally:
