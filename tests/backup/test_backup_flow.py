@@ -250,3 +250,16 @@ def test_small_files_share_a_pack_blob_until_all_are_removed(tmp_path):
             p.unlink()
         bm.cleanup(bm.upload(src, "c3"))
         assert blob_keys(store) == set()
+
+
+def test_affinity_needs_the_same_directories_too(tmp_path):
+    """Found by the state machine: a target lacking only an empty directory is not reused."""
+    store = LocalStore(tmp_path / "store")
+    src = tmp_path / "src"
+    write_tree(src, {"a.sst": b"a"})
+    with BackupManager(store, config=CFG) as bm, RestoreManager(store, config=CFG) as rm:
+        rm.restore(bm.upload(src, "c1"), tmp_path / "dst")
+        (src / "empty").mkdir()
+        result = rm.restore(bm.upload(src, "c2"), tmp_path / "dst")
+    assert not result.reused_directory and result.files_reused == 1
+    assert read_tree(tmp_path / "dst") == {"a.sst": b"a", "empty": {}}

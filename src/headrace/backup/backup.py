@@ -49,6 +49,7 @@ class BackupManager:
         self._closed = False
         self._prev_id: str | None = None
         self._prev_index: SnapshotIndex | None = None
+        self._uploaded: dict[str, SnapshotIndex] = {}  # recent uploads, not yet cleaned up
         self._metrics = dict.fromkeys(
             ("uploads", "files_uploaded", "files_retained", "blobs_to_release", "blobs_uploaded",
              "bytes_uploaded", "bytes_retained", "index_bytes", "cleanups", "blobs_deleted",
@@ -87,6 +88,10 @@ class BackupManager:
             job_name=self.config.job_name, job_instance=self.config.job_instance,
             task_name=self.config.task_name, store_name=self.config.store_name)
         index_id, index_bytes = self.blobs.put_index(index)
+        with self._lock:  # cleanup(index_id) will not need to read it back
+            self._uploaded[index_id] = index
+            while len(self._uploaded) > 4:
+                self._uploaded.pop(next(iter(self._uploaded)))
         released = len(index.dir_index.removed_blob_ids() - index.dir_index.present_blob_ids())
         with self._lock:
             m = self._metrics
@@ -104,7 +109,10 @@ class BackupManager:
     def cleanup(self, index_blob_id: str) -> None:
         """After the caller durably recorded ``index_blob_id``: make it permanent, drop the old."""
         self._check_open()
-        index = self._prev_index if self._prev_id == index_blob_id else None
+        with self._lock:
+            index = self._uploaded.pop(index_blob_id, None)
+        if index is None and self._prev_id == index_blob_id:
+            index = self._prev_index
         index = cleanup_snapshot(self.blobs, index_blob_id, index)
         with self._lock:
             self._metrics["cleanups"] += 1

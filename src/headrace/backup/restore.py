@@ -182,19 +182,18 @@ class RestoreManager:
 
     @staticmethod
     def _same_tree(index: SnapshotIndex, target: Path) -> bool:
-        """No extra files or directories in ``target`` beyond the snapshot's."""
+        """``target`` has exactly the snapshot's files and directories (no extra, none missing);
+        file contents are checked separately."""
         want_files = {rel for rel, _ in index.dir_index.walk_files()}
         want_dirs = set(index.dir_index.walk_dirs())
+        seen_files: set[str] = set()
+        seen_dirs: set[str] = set()
         for dirpath, dirnames, filenames in os.walk(target):
             base = os.path.relpath(dirpath, target)
             base = "" if base == "." else base.replace(os.sep, "/") + "/"
-            for d in dirnames:
-                if base + d not in want_dirs:
-                    return False
-            for name in filenames:
-                if base + name not in want_files:
-                    return False
-        return True
+            seen_dirs.update(base + d for d in dirnames)
+            seen_files.update(base + name for name in filenames)
+        return seen_files == want_files and seen_dirs == want_dirs
 
     # -- download --------------------------------------------------------------------------------
     def _rebuild(self, index: SnapshotIndex, target: Path, local: dict[str, Path]
