@@ -284,3 +284,21 @@ def test_absorbing_a_run_twice_is_refused(tmp_path):
             st.absorb([run])
     with pytest.raises(ValueError, match="stream version"):
         ReservoirStorage.open(store, version=3)
+
+
+def test_padded_files_and_direct_io_reads(tmp_path):
+    """Pages padded to 4096-byte blocks (readers do not care) read through O_DIRECT where the
+    filesystem allows it (else the cache falls back to mmap)."""
+    store = LocalStore(tmp_path / "s", fsync=False)
+    opts = ReservoirOptions(max_file_size=64 * 1024, pad_to_block=True, direct_io=True)
+    pages = {i: os.urandom(100 + 977 * i) for i in range(12)}
+    with ReservoirStorage.open(store, options=opts, cache_dir=tmp_path / "c") as st:
+        _fill(st, pages)
+        st.checkpoint()
+        assert all(st.read(p) == d for p, d in pages.items())
+    with ReservoirReader.open(store, options=opts, cache_dir=tmp_path / "c2") as r:
+        state = r.state()
+        assert all(int(o) % 4096 == 0 for o in state.offs)
+        assert all(r.read(p) == d for p, d in pages.items())
+        entries = list(r.source.cache._entries.values())
+        assert entries and all(e.fd >= 0 or e.mm is not None for e in entries)
