@@ -177,3 +177,30 @@ def test_dry_run_sweep_deletes_nothing(tmp_path):
         assert all_keys(store, "index")
         assert bm.sweep().blobs_deleted == report.blobs_deleted
         assert not all_keys(store, "blobs") and not all_keys(store, "index")
+
+
+def test_two_lineages_share_a_prefix_and_survive_the_sweep(tmp_path):
+    """Two tasks back up to one prefix: each cleanup drops only its own predecessor, and the
+    sweep (references unioned over all live indexes) keeps both committed snapshots."""
+    clock = ManualClock()
+    cfg = config(clock)
+    store = LocalStore(tmp_path / "store")
+    committed = {}
+    for task in ("a", "b"):
+        write_tree(tmp_path / task, {**sample_tree(ord(task)), "task": task.encode()})
+    with BackupManager(store, config=cfg, clock=clock) as bm_a, \
+            BackupManager(store, config=cfg, clock=clock) as bm_b:
+        for step in range(3):
+            for task, bm in (("a", bm_a), ("b", bm_b)):
+                (tmp_path / task / f"{step}.sst").write_bytes(bytes([step]) * 5000)
+                committed[task] = bm.upload(tmp_path / task, step)
+                bm.cleanup(committed[task])
+        bm_a.upload(tmp_path / "a", "abandoned")
+        clock.advance(2 * HOUR_MS / 1000)
+        report = bm_a.sweep()
+    assert report.indexes_live == 2 and report.indexes_deleted == 1
+    for task in ("a", "b"):
+        with RestoreManager(store, config=cfg, clock=clock) as rm:
+            assert rm.read_index(committed[task]).checkpoint_id == "2"
+            rm.restore(committed[task], tmp_path / f"restored-{task}")
+        assert read_tree(tmp_path / f"restored-{task}") == read_tree(tmp_path / task)

@@ -65,9 +65,11 @@ class BackupManager:
             return
         self.cleanup(committed_index_blob_id)
 
-    def upload(self, directory: str | os.PathLike, checkpoint_id: str) -> str:
+    def upload(self, directory: str | os.PathLike, checkpoint_id: str | int) -> str:
         """Upload a snapshot of ``directory``; returns the new index blob id (not yet committed)."""
         self._check_open()
+        if isinstance(checkpoint_id, int) and not isinstance(checkpoint_id, bool):
+            checkpoint_id = str(checkpoint_id)
         root = Path(directory)
         if not root.is_dir():
             raise InvalidInput(f"backup source {str(root)!r} is not a directory")
