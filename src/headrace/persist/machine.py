@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from headrace.codec import Clock, new_ulid
+from headrace.errors import FormatError
 from headrace.persist.consensus import Consensus
 from headrace.persist.errors import ConsensusContended
 from headrace.persist.state import ShardState, decode_state, encode_state
@@ -48,7 +49,6 @@ class ShardMachine:
             key = vkey(self.shard, head.seqno) if vkey else self.shard
             state = decode_state(head.data, key=key, seqno=head.seqno)
             if state.shard != self.shard:
-                from headrace.errors import FormatError
                 raise FormatError(key, None, f"state names shard {state.shard!r}")
         with self.lock:
             if self._state is None or state.seqno >= self._state.seqno:
