@@ -263,3 +263,21 @@ def test_affinity_needs_the_same_directories_too(tmp_path):
         result = rm.restore(bm.upload(src, "c2"), tmp_path / "dst")
     assert not result.reused_directory and result.files_reused == 1
     assert read_tree(tmp_path / "dst") == {"a.sst": b"a", "empty": {}}
+
+
+def test_file_vanishing_during_backup_is_a_typed_error_naming_it(tmp_path, monkeypatch):
+    from headrace.backup import diff as diff_module
+
+    src = tmp_path / "src"
+    write_tree(src, {"a.sst": b"a" * 10})
+    real_scan = diff_module._scan
+
+    def scan_then_delete(path, rel):
+        out = real_scan(path, rel)
+        (src / "a.sst").unlink(missing_ok=True)
+        return out
+
+    monkeypatch.setattr(diff_module, "_scan", scan_then_delete)
+    with BackupManager(LocalStore(tmp_path / "s"), config=CFG) as bm, \
+            pytest.raises(InvalidInput, match="a.sst"):
+        bm.upload(src, "c1")

@@ -222,11 +222,15 @@ class BackupManager:
 
 
 def _read_exact(f: LocalFile, offset: int, size: int) -> bytes:
-    fd = os.open(f.path, os.O_RDONLY)
     try:
-        data = os.pread(fd, size, offset)
-    finally:
-        os.close(fd)
+        fd = os.open(f.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise InvalidInput(f"cannot read {f.rel!r} ({f.path}) for backup: "
+                           f"{e.strerror or e}") from e
     if len(data) != size:
         raise InvalidInput(f"{f.rel!r} shrank while being backed up (read {len(data)} of "
                            f"{size} bytes at offset {offset}): back up a checkpoint, not a "

@@ -68,10 +68,12 @@ class DirDiff:
 def _scan(path: str, rel: str) -> tuple[dict[str, LocalFile], dict[str, str]]:
     files: dict[str, LocalFile] = {}
     dirs: dict[str, str] = {}
-    with os.scandir(path) as it:
-        entries = list(it)
-    for e in entries:
-        st = e.stat(follow_symlinks=False)
+    try:
+        with os.scandir(path) as it:
+            entries = [(e, e.stat(follow_symlinks=False)) for e in it]
+    except OSError as e:
+        raise InvalidInput(f"cannot scan {path!r} for backup: {e.strerror or e}") from e
+    for e, st in entries:
         erel = rel + e.name
         if stat.S_ISLNK(st.st_mode):
             raise InvalidInput(f"{erel!r} in {path!r} is a symlink: backups copy files only")
@@ -102,7 +104,11 @@ class DirDiffer:
         if not self.is_immutable(local.name) or local.size != prev.size:
             return False
         if self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below:
-            return file_crc32(local.path) == prev.crc32
+            try:
+                return file_crc32(local.path) == prev.crc32
+            except OSError as e:
+                raise InvalidInput(f"cannot read {local.rel!r} for backup: "
+                                   f"{e.strerror or e}") from e
         return True
 
     def diff(self, path: str, prev: DirIndex | None, name: str = "", rel: str = "") -> DirDiff:
