@@ -20,6 +20,8 @@ def local_spark(app_name: str = "headrace-tests", master: str = "local[2]",
          .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
+         # a loaded 2-core machine can take longer than the 15 s default to connect workers
+         .config("spark.python.authenticate.socketTimeout", "120s")
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stopTimeout", "30s")
