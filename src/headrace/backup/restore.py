@@ -12,7 +12,6 @@ snapshot are hard-linked into the staging folder instead of downloaded.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shutil
@@ -37,17 +36,6 @@ from headrace.store import ObjectStore, open_store
 log = logging.getLogger("headrace.backup")
 
 
-def _load_libc():
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syncfs.argtypes = [ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _load_libc()
-
 
 @dataclass(frozen=True)
 class RestoreResult:
@@ -60,17 +48,8 @@ class RestoreResult:
     elapsed_s: float
 
 
-def _sync_tree(index: SnapshotIndex, staging: Path) -> None:
-    """Make every restored file and directory durable before the swap: one syncfs(2) of the
-    filesystem (Linux) instead of an fsync per file; elsewhere, fsync each file and folder."""
-    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _LIBC is not None and _LIBC.syncfs(fd) == 0:
-            return
-    finally:
-        os.close(fd)
-    for rel, _ in index.dir_index.walk_files():
-        _fsync_path(staging / rel)
+def _sync_dirs(index: SnapshotIndex, staging: Path) -> None:
+    """fsync every restored directory (files were fsynced as they were finished)."""
     for rel in [*index.dir_index.walk_dirs(), ""]:
         _fsync_path(staging / rel)
 
@@ -205,7 +184,7 @@ class RestoreManager:
                 (staging / rel).mkdir()
             result = self._fill(index, staging, local)
             if self.fsync:
-                _sync_tree(index, staging)
+                _sync_dirs(index, staging)
             old = target.parent / f".{target.name}.hr-old-{new_ulid(self.clock)}"
             if target.exists():
                 os.rename(target, old)
@@ -321,3 +300,5 @@ class RestoreManager:
                                    expected=f.crc32, actual=value)
         os.fchmod(fd, f.mode & 0o777)
         os.utime(fd, ns=(f.mtime_ms * 1_000_000, f.mtime_ms * 1_000_000))
+        if self.fsync:
+            os.fsync(fd)  # per file, on the worker thread: only our own data is flushed
