@@ -33,7 +33,13 @@ class _Serialized:
 
     def __call__(self, environ, start_response):
         with self.lock:
-            return list(self.app(environ, start_response))
+            result = self.app(environ, start_response)
+            try:
+                return list(result)  # the whole response is produced under the lock
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
 
 
 def _serialized_server(ip_address: str, port: int):
