@@ -102,6 +102,7 @@ def main() -> None:
         counts = {f"cas_{k}": v for k, v in cas_counts.items()}
         counts.update({f"append_{k}": v for k, v in append_counts.items()})
         counts.update({f"snapshot_{k}": v for k, v in snap_counts.items()})
+        client.close()
         report("persist", figures, args, counts)
 
 

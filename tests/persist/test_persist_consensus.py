@@ -19,19 +19,19 @@ from headrace.testing.consensus_conformance import ConsensusTests
 class TestLocalConsensus(ConsensusTests):
     @pytest.fixture
     def consensus(self, tmp_path):
-        return ObjectStoreConsensus(LocalStore(tmp_path / "s"), hint_every=4)
+        return ObjectStoreConsensus(LocalStore(tmp_path / "s"), hint_every=4, min_age_s=0, fresh_s=0)
 
 
 class TestMemoryConsensus(ConsensusTests):
     @pytest.fixture
     def consensus(self):
-        return ObjectStoreConsensus(MemoryStore(), hint_every=4)
+        return ObjectStoreConsensus(MemoryStore(), hint_every=4, min_age_s=0, fresh_s=0)
 
 
 class TestS3Consensus(ConsensusTests):
     @pytest.fixture
     def consensus(self, s3_url):
-        return ObjectStoreConsensus(open_store(s3_url), hint_every=4)
+        return ObjectStoreConsensus(open_store(s3_url), hint_every=4, min_age_s=0, fresh_s=0)
 
 
 def test_head_does_not_list_and_uses_few_requests():
@@ -72,3 +72,19 @@ def test_seqno_object_fuzz(data):
 @given(st.integers(0, (1 << 63) - 1))
 def test_seqno_object_roundtrip(n):
     assert decode_seqno_object(encode_seqno_object(n), "k") == n
+
+
+def test_fresh_writer_skips_the_floor_read_and_young_versions_survive_truncation():
+    store = CountingStore(MemoryStore())
+    c = ObjectStoreConsensus(store)  # defaults: min_age_s=600, fresh_s=60
+    assert c.compare_and_set("s", None, b"v1")
+    for i in range(2, 40):
+        store.reset()
+        assert c.compare_and_set("s", i - 1, b"v%d" % i)
+        assert store.counts()["gets"] == 0  # it knew the head: no floor GET
+    assert c.metrics()["floor_checks"] == 1  # only the very first write
+    assert c.truncate("s", 30) == 0  # all versions are younger than min_age_s
+    assert c.floor("s") == 30 and c.head("s").seqno == 39
+    other = ObjectStoreConsensus(store)  # a writer that never saw the head checks the floor
+    assert not other.compare_and_set("s", 5, b"stale")
+    assert other.metrics()["floor_checks"] == 0  # (lost on AlreadyExists: v6 still exists)

@@ -162,12 +162,16 @@ def test_compaction_bounds_parts_and_preserves_snapshots(client):
         assert rows(client.read_only("s").snapshot(t)) == expect[t]
 
 
-def test_writers_compact_inline_past_the_threshold():
+def test_background_compaction_past_the_threshold():
     client = PersistClient("memory://auto-compact", auto_compact_at=5, compact_to=2)
     w = client.open_writer("s")
     for t in range(20):
         w.compare_and_append(make_updates({"k": [t % 3]}, [t]), t, t + 1)
-        assert len(client.state("s").parts) <= 5
+        if t % 4 == 3:
+            client.wait_for_compactions()
+            assert len(client.state("s").parts) <= 5
+    client.close()
+    assert client.metrics()["compactions"] >= 3
     snap = client.read_only("s").snapshot(19)
     assert dict(zip(snap.column("k").to_pylist(), snap.column("diff").to_pylist(),
                     strict=True)) == {0: 7, 1: 7, 2: 6}

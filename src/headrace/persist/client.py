@@ -9,6 +9,7 @@ Layout on the store (docs/formats/persist-layout.md):
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 
 import numpy as np
@@ -38,8 +39,9 @@ class PersistClient:
     def __init__(self, store_or_url: ObjectStore | str, *, root: str = DEFAULT_ROOT,
                  clock: Clock | None = None, consensus: Consensus | None = None,
                  auto_compact_at: int | None = 64, compact_to: int = 16):
-        """``auto_compact_at``: after an append leaves more parts than this, the writer
-        compacts down to ``compact_to`` parts inline (None: only explicit ``compact``)."""
+        """``auto_compact_at``: after an append leaves more parts than this, the shard is
+        compacted down to ``compact_to`` parts by a background thread (None: only explicit
+        ``compact``). ``close()`` waits for it and raises its error, if any."""
         if auto_compact_at is not None and not 1 <= compact_to < auto_compact_at:
             raise ValueError("compact_to must be in [1, auto_compact_at)")
         self.auto_compact_at = auto_compact_at
@@ -50,7 +52,11 @@ class PersistClient:
         self.consensus = consensus or ObjectStoreConsensus(self.store, self.root)
         self._machines: dict[str, ShardMachine] = {}
         self._lock = threading.Lock()
-        self._metrics = {"snapshots": 0, "parts_read": 0, "bytes_read": 0}
+        self._metrics = {"snapshots": 0, "parts_read": 0, "bytes_read": 0, "compactions": 0}
+        self._compact_queue: queue.Queue[str | None] = queue.Queue()
+        self._compact_pending: set[str] = set()
+        self._compactor: threading.Thread | None = None
+        self._compact_error: BaseException | None = None
 
     def machine(self, shard: str) -> ShardMachine:
         validate_shard_name(shard)
@@ -148,6 +154,56 @@ class PersistClient:
     def compact(self, shard: str, **kw):
         from headrace.persist.compaction import compact
         return compact(self, shard, **kw)
+
+    def request_compaction(self, shard: str) -> None:
+        """Queue ``shard`` for the background compactor (started on first use)."""
+        with self._lock:
+            if shard in self._compact_pending:
+                return
+            self._compact_pending.add(shard)
+            if self._compactor is None:
+                self._compactor = threading.Thread(target=self._compact_loop, daemon=True,
+                                                   name="hr-persist-compactor")
+                self._compactor.start()
+        self._compact_queue.put(shard)
+
+    def _compact_loop(self) -> None:
+        while True:
+            shard = self._compact_queue.get()
+            try:
+                if shard is None:
+                    return
+                with self._lock:
+                    self._compact_pending.discard(shard)
+                self.compact(shard, max_parts=self.compact_to)
+                self._metrics["compactions"] += 1
+            except Exception as e:  # noqa: BLE001 - kept and raised by close()
+                log.warning("background compaction of %s failed: %s", shard, e)
+                self._compact_error = e
+            finally:
+                self._compact_queue.task_done()
+
+    def wait_for_compactions(self) -> None:
+        """Block until queued compactions are done; raise the first error they hit."""
+        self._compact_queue.join()
+        if self._compact_error is not None:
+            err, self._compact_error = self._compact_error, None
+            raise err
+
+    def close(self) -> None:
+        """Finish queued compactions and stop the compactor thread."""
+        with self._lock:
+            thread, self._compactor = self._compactor, None
+        if thread is not None:
+            self._compact_queue.put(None)
+            thread.join()
+        self.wait_for_compactions()
+
+    def __enter__(self) -> PersistClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def sweep(self, *, grace_s: float = 600.0, dry_run: bool = False):
         from headrace.persist.compaction import sweep

@@ -12,10 +12,15 @@ Protocol (each step and why):
    gallops forward with HEAD requests (+1, +2, +4 … then bisects). Growth by exactly one makes
    "``lo`` exists and ``lo+1`` does not" mean ``lo`` was the head at some instant of the call.
 3. ``truncate(s, T)`` first raises the floor to ``T`` (a CAS on the floor object), *then*
-   deletes versions below ``T``. A writer holding a state older than the floor could re-create a
-   deleted seqno (Create succeeds on a deleted key); so after each successful Create the writer
-   reads the floor, and a version below it is a zombie: it is deleted and the CAS reports a loss.
-   Readers never look below the floor, so nobody observes the zombie.
+   deletes versions below ``T`` that are older than ``min_age_s`` (10 min, by the store's
+   last-modified time). A writer holding a state older than the floor could re-create a deleted
+   seqno (Create succeeds on a deleted key); so after a successful Create the writer reads the
+   floor, and a version below it is a zombie: it is deleted and the CAS reports a loss. Readers
+   never look below the floor, so nobody observes the zombie.
+   The floor read is skipped when this process *knew* the head was ``expected`` less than
+   ``fresh_s`` (60 s) before its Create returned: the real version ``expected+1`` was then created
+   less than ``fresh_s`` ago, too young to be truncated, so ours cannot be a zombie. (This assumes
+   the truncator's clock is within ``min_age_s - fresh_s`` of the store's.)
 4. A Create whose reply is lost (transient error after the write landed) is resolved by reading
    the version back: identical bytes mean we won. State versions carry a unique op id, so two
    writers never write identical bytes.
@@ -26,6 +31,8 @@ from __future__ import annotations
 import abc
 import logging
 import re
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -105,15 +112,22 @@ def decode_seqno_object(data: bytes, key: str) -> int:
 
 class ObjectStoreConsensus(Consensus):
     def __init__(self, store: ObjectStore | str, root: str = DEFAULT_ROOT, *,
-                 hint_every: int = 16, retry: RetryPolicy | None = None):
+                 hint_every: int = 16, retry: RetryPolicy | None = None,
+                 min_age_s: float = 600.0, fresh_s: float = 60.0):
         if hint_every < 1:
             raise ValueError("hint_every must be >= 1")
+        if fresh_s < 0 or min_age_s < 0 or (fresh_s and fresh_s >= min_age_s):
+            raise ValueError("need fresh_s == 0 or 0 < fresh_s < min_age_s")
+        self.min_age_s = min_age_s
+        self.fresh_s = fresh_s
+        self._known: dict[str, tuple[int, float]] = {}  # key -> (head seqno, monotonic when)
+        self._known_lock = threading.Lock()
         self.store = open_store(store)
         self.root = root.strip("/")
         self.hint_every = hint_every
         self.retry = retry or RetryPolicy(max_attempts=8)
         self._metrics = {"cas_ok": 0, "cas_lost": 0, "zombies_removed": 0, "heads": 0,
-                         "probes": 0, "truncated": 0}
+                         "probes": 0, "truncated": 0, "floor_checks": 0}
 
     # -- keys ------------------------------------------------------------------------------
     def prefix(self, key: str) -> str:
@@ -160,13 +174,16 @@ class ObjectStoreConsensus(Consensus):
     def head(self, key: str) -> VersionedData | None:
         self._metrics["heads"] += 1
         for _ in range(16):
+            started = time.monotonic()
             floor = self.floor(key)
             hint = self._read_seqno(self.prefix(key) + "hint", strict=False)[0]
             last = self._last_existing(key, max(floor, hint), floor)
             if last == 0:
                 return None
             try:
-                return VersionedData(last, self._get(self.version_key(key, last)).data)
+                found = VersionedData(last, self._get(self.version_key(key, last)).data)
+                self._learn(key, last, started)
+                return found
             except NotFound:
                 continue  # truncated or deleted under us: look again
         raise StoreError(f"consensus head of {key!r} kept moving under truncation", key=key,
@@ -209,6 +226,9 @@ class ObjectStoreConsensus(Consensus):
             raise InvalidInput(f"expected seqno {expected} out of range")
         seqno = (expected or 0) + 1
         vkey = self.version_key(key, seqno)
+        with self._known_lock:
+            known = self._known.get(key)
+        started = time.monotonic()
         for attempt in self.retry.delays():
             try:
                 self.store.put(vkey, data, CREATE)
@@ -226,18 +246,28 @@ class ObjectStoreConsensus(Consensus):
         else:
             raise StoreError(f"compare_and_set of {vkey!r} kept failing", key=vkey,
                              retryable=True)
-        if seqno < self.floor(key):  # a zombie below the floor: undo it (protocol step 3)
+        fresh = known is not None and known[0] == (expected or 0) and \
+            time.monotonic() - known[1] < self.fresh_s
+        if not fresh:
+            self._metrics["floor_checks"] += 1
+        if not fresh and seqno < self.floor(key):  # a zombie: undo it (protocol step 3)
             self.store.delete(vkey)
             self._metrics["zombies_removed"] += 1
             self._metrics["cas_lost"] += 1
             return False
         self._metrics["cas_ok"] += 1
+        self._learn(key, seqno, started)  # version seqno+1 cannot predate our put of seqno
         if seqno % self.hint_every == 0:
             try:
                 self.store.put(self.prefix(key) + "hint", encode_seqno_object(seqno), OVERWRITE)
             except StoreError as e:  # a hint is only a hint
                 log.debug("hint write failed for %s: %s", key, e)
         return True
+
+    def _learn(self, key: str, seqno: int, when: float) -> None:
+        with self._known_lock:
+            if key not in self._known or self._known[key][0] <= seqno:
+                self._known[key] = (seqno, when)
 
     def _landed(self, vkey: str, data: bytes) -> bool:
         try:
@@ -277,7 +307,14 @@ class ObjectStoreConsensus(Consensus):
             except StoreError as e:
                 if not e.retryable:
                     raise
-        doomed = [self.version_key(key, s) for s in self._listed_seqnos(key) if s < seqno]
+        prefix = self.prefix(key)
+        oldest_ok = time.time() - self.min_age_s
+        doomed = []
+        for m in self.store.list(prefix):
+            name = m.key[len(prefix):]
+            if len(name) == 20 and name.isdigit() and int(name) < seqno \
+                    and m.last_modified <= oldest_ok:
+                doomed.append(m.key)
         self.store.delete_many(doomed)
         self._metrics["truncated"] += len(doomed)
         return len(doomed)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.codec import new_ulid
-from headrace.errors import HeadraceError, InvalidInput, NotFound
+from headrace.errors import InvalidInput, NotFound
 from headrace.persist import parts as P
 from headrace.persist.errors import (
     InvalidBounds,
@@ -106,10 +106,7 @@ class WriteHandle:
             raise
         limit = self.client.auto_compact_at
         if limit is not None and len(state.parts) > limit:
-            try:
-                self.client.compact(self.shard, max_parts=self.client.compact_to)
-            except HeadraceError as e:  # the append is durable; compaction can wait
-                log.warning("shard %s: inline compaction failed: %s", self.shard, e)
+            self.client.request_compaction(self.shard)  # off the append's latency path
         return state
 
     def append(self, updates: pa.Table, lower: int, upper: int | None) -> bool:

@@ -209,6 +209,12 @@ class ShardStreamWriter(DataSourceStreamArrowWriter):
         parts = [PartMeta(m.key, batchId, batchId + 1, m.rows, m.size, m.crc32, batchId)
                  for m in msgs]
         schema = P.schema_from_text(msgs[0].schema) if msgs else None
+        try:
+            self._link(client, writer, parts, schema, batchId)
+        finally:
+            client.close()  # this worker may not live on: finish a compaction it started
+
+    def _link(self, client, writer, parts, schema, batchId: int) -> None:
         for _ in range(100):
             state = client.state(self.shard)
             if state.upper is None or state.upper > batchId:
