@@ -52,16 +52,23 @@ _WORKER = textwrap.dedent(
 
 def _increment(store: ObjectStore, n: int, conflicts: list[int], base_delay_s: float,
                max_delay_s: float) -> None:
+    """``n`` increments. After a win the worker tries its next increment on the etag its own put
+    returned, without a GET (as a CAS client caching its last state does); a loss re-reads."""
     lost = 0
+    known: tuple[int, str] | None = None
     for _ in range(n):
         policy = RetryPolicy(max_attempts=100_000, base_delay_s=base_delay_s,
                              max_delay_s=max_delay_s, max_elapsed_s=120)
         for _attempt in policy.delays():
-            res = store.get(KEY)
+            if known is None:
+                res = store.get(KEY)
+                known = (int(res.data), res.etag)
+            value, etag = known
             try:
-                store.put(KEY, str(int(res.data) + 1).encode(), IfMatch(res.etag))
+                known = (value + 1, store.put(KEY, str(value + 1).encode(), IfMatch(etag)))
                 break
             except PreconditionFailed:
+                known = None
                 lost += 1
         else:
             raise AssertionError("increment gave up")
