@@ -77,7 +77,8 @@ def read_footer(data, key: str | None = None) -> BatchFooter:
 
 @dataclass(frozen=True)
 class DecodedBlock:
-    """The raw record block with each record's start and length (numpy int64 arrays)."""
+    """Each record's start and length (numpy int64) in ``block``: the decompressed record block,
+    or for an uncompressed batch the file's bytes themselves (footer included, never indexed)."""
 
     block: bytes
     starts: np.ndarray
@@ -121,21 +122,22 @@ def decode_block(data, key: str | None = None,
         if body_len == 0:
             raise FormatError(key, 0, "zstd batch with an empty record block")
         block = zstd_decompress(body, max_block_bytes, key=key, offset=0)
-    else:
-        block = bytes(body) if not isinstance(data, bytes) else data[:body_len]
+    else:  # the file's own bytes serve as the block (records end at body_len): no copy
+        block = data if isinstance(data, bytes) else bytes(data)
+    end = len(block) if compressed else body_len
     count = footer.record_count
     where = (lambda pos: None) if compressed else (lambda pos: pos)
-    if count * 4 > len(block):
+    if count * 4 > end:
         raise FormatError(key, where(0), f"record_count {count} needs at least {count * 4} "
-                          f"bytes, the record block has {len(block)}")
-    uniform = _uniform_layout(block, count)
+                          f"bytes, the record block has {end}")
+    uniform = _uniform_layout(block, end, count)
     if uniform is not None:
         return DecodedBlock(block, *uniform, compressed, key)
     starts: list[int] = []
     lengths: list[int] = []
     add_start, add_length = starts.append, lengths.append
     unpack = U32.unpack_from
-    pos, end = 0, len(block)
+    pos = 0
     for i in range(count):  # the prefixes chain: each offset depends on the previous length
         if pos + 4 > end:
             raise FormatError(key, where(pos), f"record {i}: length prefix past the block end")
@@ -154,11 +156,11 @@ def decode_block(data, key: str | None = None,
                         np.array(lengths, dtype=np.int64), compressed, key)
 
 
-def _uniform_layout(block: bytes, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _uniform_layout(block: bytes, end: int, count: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Fast path, fully vectorised: every record has the first record's length."""
-    if count == 0 or len(block) % count:
+    if count == 0 or end % count:
         return None
-    stride = len(block) // count
+    stride = end // count
     (first,) = U32.unpack_from(block, 0)
     if first + 4 != stride:
         return None

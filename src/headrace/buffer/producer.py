@@ -1,12 +1,14 @@
 """Producer: buffers produce() calls into batches, uploads them, enqueues their locations.
 
-One named background thread per producer owns the batch being built. ``produce`` hands its
-entries over a bounded queue (``max_buffered_inputs``): when the thread falls behind, callers
-block, which is the backpressure. A batch is flushed when it reaches ``flush_size_bytes`` or when
-``flush_interval_s`` has passed since its first entry. A flush is: encode → put
-``{data_path_prefix}/{ULID}.batch`` with Create → append the location to the manifest (CAS). Only
-then are the handles of that batch resolved; a failed flush fails every handle in it with the
-cause, so nothing is reported durable that is not.
+Two named threads per producer. ``headrace-buffer-producer`` owns the batch being built:
+``produce`` hands it entries over a bounded queue (``max_buffered_inputs``); when it falls
+behind, callers block, which is the backpressure. A batch is cut when it reaches
+``flush_size_bytes`` or when ``flush_interval_s`` has passed since its first entry, encoded, and
+handed to ``headrace-buffer-uploader`` (a queue of one, so at most two encoded batches wait),
+which puts ``{data_path_prefix}/{ULID}.batch`` with Create, appends the location to the manifest
+(CAS) and only then resolves that batch's handles — in hand-off order, so per-producer order holds.
+Encoding the next batch (CPU) overlaps the upload of the previous one (I/O). A failed flush fails
+every handle of its batch with the cause, so nothing is reported durable that is not.
 """
 
 from __future__ import annotations
@@ -99,8 +101,13 @@ class Producer:
         self._stats = {"records_produced": 0, "bytes_produced": 0, "batches_flushed": 0,
                        "batch_bytes_written": 0, "failed_flushes": 0, "produce_calls": 0}
         self._flush_latencies_ms: deque[float] = deque(maxlen=1024)
+        # encoded batches wait here for the uploader: one in flight + one queued bounds memory
+        self._uploads: queue.Queue = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="headrace-buffer-producer",
                                         daemon=True)
+        self._uploader = threading.Thread(target=self._upload_loop,
+                                          name="headrace-buffer-uploader", daemon=True)
+        self._uploader.start()
         self._thread.start()
 
     # -- public API --------------------------------------------------------------------------
@@ -141,6 +148,7 @@ class Producer:
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join()
+        self._uploader.join()
         if self._error is not None:
             raise HeadraceError("producer thread failed") from self._error
 
@@ -196,10 +204,10 @@ class Producer:
                        or (first_at is not None
                            and self.clock.monotonic() - first_at >= interval))
                 if due and entries:
-                    self._flush(entries, items, watchers, size)
+                    self._encode_and_hand_off(entries, items, watchers, size)
                     entries, items, watchers, size, first_at = [], [], [], 0, None
-                if isinstance(item, _Flush):
-                    item.done.set()
+                if isinstance(item, _Flush) or item is _STOP:
+                    self._uploads.put(item)  # the uploader answers once earlier batches landed
                 if item is _STOP:
                     return
         except BaseException as e:  # surfaced to callers through _check_open / close
@@ -208,6 +216,7 @@ class Producer:
             for w in watchers:
                 w._fail(e)
             self._drain_failed(e)
+            self._uploads.put(_STOP)
 
     def _drain_failed(self, error: BaseException) -> None:
         while True:
@@ -233,29 +242,53 @@ class Producer:
                     raise
         self._retry.call(put, what=f"upload {location}")
 
-    def _flush(self, entries: list[bytes], items: list[Metadata],
-               watchers: list[DurabilityWatcher], size: int) -> None:
+    def _encode_and_hand_off(self, entries: list[bytes], items: list[Metadata],
+                             watchers: list[DurabilityWatcher], size: int) -> None:
+        """Encode here (CPU) while the uploader writes the previous batch (I/O)."""
         t0 = time.perf_counter()
-        location = f"{self.config.data_path_prefix}/{new_ulid(self.clock)}.batch"
         try:
             data = encode_batch(entries, self._compression)
-            self._put_batch(location, data)
-            sequence = self._queue_producer.enqueue(location, items)
         except Exception as e:  # noqa: BLE001 - every handle of the batch learns the cause
-            log.warning("flush of %d entries to %s failed: %s", len(entries), location, e)
-            with self._stats_lock:
-                self._stats["failed_flushes"] += 1
-            for w in watchers:
-                w._fail(e)
+            self._fail_batch(watchers, len(entries), e)
             return
-        ms = (time.perf_counter() - t0) * 1000
+        self._uploads.put((data, items, watchers, size, len(entries), t0))
+
+    def _fail_batch(self, watchers: list[DurabilityWatcher], n: int, error: Exception) -> None:
+        log.warning("flush of %d entries failed: %s", n, error)
         with self._stats_lock:
-            s = self._stats
-            s["records_produced"] += len(entries)
-            s["bytes_produced"] += size - 4 * len(entries)
-            s["batches_flushed"] += 1
-            s["batch_bytes_written"] += len(data)
-            s["produce_calls"] += len(watchers)
-            self._flush_latencies_ms.append(ms)
+            self._stats["failed_flushes"] += 1
         for w in watchers:
-            w._resolve(sequence, location)
+            w._fail(error)
+
+    def _upload_loop(self) -> None:
+        """Batches in hand-off order: put the file, enqueue it, then resolve its handles."""
+        while True:
+            job = self._uploads.get()
+            if job is _STOP:
+                return
+            if isinstance(job, _Flush):
+                job.done.set()
+                continue
+            data, items, watchers, size, n, t0 = job
+            try:
+                location = f"{self.config.data_path_prefix}/{new_ulid(self.clock)}.batch"
+                self._put_batch(location, data)
+                sequence = self._queue_producer.enqueue(location, items)
+            except Exception as e:  # noqa: BLE001 - every handle of the batch learns the cause
+                self._fail_batch(watchers, n, e)
+                continue
+            except BaseException as e:
+                self._error = e
+                self._fail_batch(watchers, n, HeadraceError("producer uploader failed"))
+                raise
+            ms = (time.perf_counter() - t0) * 1000
+            with self._stats_lock:
+                st = self._stats
+                st["records_produced"] += n
+                st["bytes_produced"] += size - 4 * n
+                st["batches_flushed"] += 1
+                st["batch_bytes_written"] += len(data)
+                st["produce_calls"] += len(watchers)
+                self._flush_latencies_ms.append(ms)
+            for w in watchers:
+                w._resolve(sequence, location)
