@@ -216,11 +216,13 @@ class RestoreManager:
         tracker = ProgressTracker("download", len(to_fetch), total, self.progress)
         # one task per blob: a chunk of a large file, or a pack of small files
         by_blob: dict[str, list[tuple[str, FileIndex, FileBlob]]] = {}
+        order: dict[str, tuple[int, int]] = {}  # blob -> (chunk number, file number)
         remaining: dict[str, int] = {}
-        for rel, f in to_fetch:
+        for file_no, (rel, f) in enumerate(to_fetch):
             remaining[rel] = len(f.blobs)
-            for b in f.blobs:
+            for chunk_no, b in enumerate(f.blobs):
                 by_blob.setdefault(b.blob_id, []).append((rel, f, b))
+                order.setdefault(b.blob_id, (chunk_no, file_no))
         lock = threading.Lock()
 
         Segments = list[tuple[str, FileIndex, FileBlob]]
@@ -274,8 +276,10 @@ class RestoreManager:
                 finally:
                     os.close(fd)
                 tracker.add(files=1)
-        futures = {self._pool.submit(fetch, blob_id, segments)
-                   for blob_id, segments in by_blob.items()}
+        # round-robin over files (first chunks of every file, then second chunks ...): workers
+        # writing into different files do not queue on one file's inode lock
+        futures = {self._pool.submit(fetch, blob_id, by_blob[blob_id])
+                   for blob_id in sorted(by_blob, key=order.__getitem__)}
         n_blobs = len(futures)
         while futures:  # follow-up jobs join the set as packs arrive
             done, futures = wait(futures, return_when=FIRST_COMPLETED)
