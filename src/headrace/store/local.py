@@ -163,6 +163,7 @@ class LocalStore(ObjectStore):
         # check that decides is the one under the lock below.
         self._check_precondition(key, path, mode)
         tmp = f"{parent}/{_TMP_PREFIX}{secrets.token_hex(8)}"
+        renamed = False
         try:
             # write and fsync outside the lock: the lock only covers check + rename
             fd = self._create_temp(key, parent, tmp)
@@ -184,6 +185,7 @@ class LocalStore(ObjectStore):
             with self._locked(key):
                 self._check_precondition(key, path, mode)
                 os.rename(tmp, path)
+                renamed = True
             if self.fsync:
                 _fsync_dir(parent)
             return etag
@@ -192,10 +194,11 @@ class LocalStore(ObjectStore):
         except OSError as e:
             raise self._os_error(key, e) from e
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            if not renamed:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
 
     @staticmethod
     def _check_precondition(key: str, path: str, mode: PutMode) -> None:
