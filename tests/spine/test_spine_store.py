@@ -145,28 +145,33 @@ def _model_b(step: int) -> Batch:
     return _MODELS[step]
 
 
+@pytest.fixture(scope="module")
+def zygote():
+    """One pre-warmed process that forks a child per run (so a run costs no imports)."""
+    proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(30)
+
+
 @pytest.mark.parametrize("mode,kills", [("commit", 30), ("merge", 30), ("reservoir", 5)])
-def test_sigkill_during_commit_or_merge_30_times(tmp_path, mode, kills):
+def test_sigkill_during_commit_or_merge_30_times(tmp_path, mode, kills, zygote):
     state, progress = tmp_path / "state", tmp_path / "progress"
-    zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
     rng = random.Random(1234)
     acked: list[int] = []
-    try:
-        for _ in range(kills):
-            zygote.stdin.write(f"{state} {mode} {progress}\n")
-            zygote.stdin.flush()
-            pid = int(zygote.stdout.readline())
-            time.sleep(rng.uniform(0.08, 0.35) if mode != "reservoir" else rng.uniform(0.3, 0.9))
-            os.kill(pid, signal.SIGKILL)
-            assert zygote.stdout.readline().strip() == "reaped"
-            acked = [int(x) for x in progress.read_text().split()] if progress.exists() else []
-            _check_recovered(state, acked[-1] if acked else 0, mode)
-        least = {"commit": 10, "merge": 5, "reservoir": 2}[mode]
-        assert len(acked) >= least, f"only {len(acked)} commits acknowledged: kills came too soon"
-    finally:
-        zygote.stdin.close()
-        zygote.wait(30)
+    for _ in range(kills):
+        zygote.stdin.write(f"{state} {mode} {progress}\n")
+        zygote.stdin.flush()
+        pid = int(zygote.stdout.readline())
+        time.sleep(rng.uniform(*{"commit": (0.08, 0.35), "merge": (0.1, 0.45),
+                                 "reservoir": (0.3, 0.9)}[mode]))
+        os.kill(pid, signal.SIGKILL)
+        assert zygote.stdout.readline().strip() == "reaped"
+        acked = [int(x) for x in progress.read_text().split()] if progress.exists() else []
+        _check_recovered(state, acked[-1] if acked else 0, mode)
+    least = {"commit": 10, "merge": 3, "reservoir": 2}[mode]  # progress despite the kills
+    assert len(acked) >= least, f"only {len(acked)} commits acknowledged: kills came too soon"
 
 
 def _check_recovered(state: Path, last_acked: int, mode: str) -> None:
