@@ -14,8 +14,7 @@ import threading
 from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
 from headrace.buffer.config import ConsumerConfig
 from headrace.buffer.gc import GarbageCollector
-from headrace.buffer.manifest_format import read_footer
-from headrace.buffer.queue import QueueConsumer, read_manifest, read_manifest_bytes
+from headrace.buffer.queue import QueueConsumer, read_manifest
 from headrace.buffer.types import ConsumedBatch, Fenced, ManifestEntry, OutOfOrderAck
 from headrace.codec import Clock, SystemClock
 from headrace.errors import HeadraceError
@@ -138,9 +137,7 @@ class Consumer:
         """The batch after the read cursor, or None when there is none yet."""
         with self._lock:
             self._ready()
-            manifest = self._queue.snapshot()
-            self._note(manifest.entries, manifest.next_sequence)
-            entry = next((e for e in manifest.entries if e.sequence > self._cursor), None)
+            entry = self._queue.read_after(self._cursor)  # epoch-checked
             if entry is None:
                 return None
             if entry.sequence != self._cursor + 1:
@@ -182,9 +179,9 @@ class Consumer:
             self._ack_to(sequence)
 
     def _check_epoch(self) -> None:
-        data, _ = read_manifest_bytes(self.store, self.config.manifest_path)
-        self._queue._check(data)
-        self._known_next_sequence = read_footer(data, self.config.manifest_path).next_sequence
+        footer = self._queue.footer()
+        self._known_next_sequence = footer.next_sequence
+        self._queue_length = footer.entry_count
 
     def _ack_to(self, sequence: int) -> None:
         self._check_epoch()  # fencing is checked on every ack, as the RFC asks

@@ -195,6 +195,19 @@ def decode_manifest(buf, key: str | None = None) -> Manifest:
     return Manifest(entries, footer.next_sequence, footer.epoch)
 
 
+def entry_after(buf, sequence: int, key: str | None = None) -> ManifestEntry | None:
+    """The first entry with a sequence above ``sequence``, decoding only that entry.
+
+    Walks entry headers (validated) until it finds it; the consumer calls this on every
+    ``next_batch``, so it must not pay for the metadata of the whole queue.
+    """
+    footer = read_footer(buf, key)
+    for pos, n, seq in _entry_heads(buf, key, footer):
+        if seq > sequence:
+            return _decode_entry(buf, key, pos, n, seq)
+    return None
+
+
 def encode_manifest(manifest: Manifest) -> bytes:
     parts = [encode_entry(e.sequence, e.location, e.metadata) for e in manifest.entries]
     parts.append(encode_footer(len(manifest.entries), manifest.next_sequence, manifest.epoch))

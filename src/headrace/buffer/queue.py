@@ -17,10 +17,12 @@ from typing import TypeVar
 from headrace.buffer.manifest_format import (
     EMPTY_MANIFEST,
     U64_MAX,
+    Footer,
     Manifest,
     append_entry,
     decode_manifest,
     drop_through,
+    entry_after,
     read_footer,
     set_epoch,
 )
@@ -186,22 +188,25 @@ class QueueConsumer:
 
     def snapshot(self) -> Manifest:
         """The decoded manifest, after checking this consumer is not fenced."""
+        return decode_manifest(self._checked_bytes(), self.manifest_path)
+
+    def _checked_bytes(self) -> bytes:
         data = self.policy.call(lambda: read_manifest_bytes(self.store, self.manifest_path)[0],
                                 what="read manifest")
         self._check(data)
-        return decode_manifest(data, self.manifest_path)
+        return data
 
     def peek(self) -> ManifestEntry | None:
         """The earliest entry, or None when the queue is empty."""
-        entries = self.snapshot().entries
-        return entries[0] if entries else None
+        return entry_after(self._checked_bytes(), -1, self.manifest_path)
 
     def read_after(self, sequence: int) -> ManifestEntry | None:
-        """The entry right after ``sequence`` (None if not there yet)."""
-        for entry in self.snapshot().entries:
-            if entry.sequence > sequence:
-                return entry
-        return None
+        """The first entry after ``sequence`` (None if not there yet); decodes only that one."""
+        return entry_after(self._checked_bytes(), sequence, self.manifest_path)
+
+    def footer(self) -> Footer:
+        """The manifest footer (entry count, next sequence, epoch), epoch-checked."""
+        return read_footer(self._checked_bytes(), self.manifest_path)
 
     def dequeue(self, through_sequence: int) -> int:
         """Remove every entry with sequence <= ``through_sequence``; returns how many went."""
