@@ -33,15 +33,21 @@ _WORKER = textwrap.dedent(
 
     store = LocalStore(sys.argv[1])
     conflicts = 0
+    known = None  # (value, etag) after a win: try the next increment on it without a GET
     for _ in range(int(sys.argv[2])):
         policy = RetryPolicy(max_attempts=100_000, base_delay_s=0.002, max_delay_s=0.05,
                              max_elapsed_s=120)
         for _attempt in policy.delays():
-            res = store.get("cas/counter")
+            if known is None:
+                res = store.get("cas/counter")
+                known = (int(res.data), res.etag)
+            value, etag = known
             try:
-                store.put("cas/counter", str(int(res.data) + 1).encode(), IfMatch(res.etag))
+                known = (value + 1, store.put("cas/counter", str(value + 1).encode(),
+                                              IfMatch(etag)))
                 break
             except PreconditionFailed:
+                known = None
                 conflicts += 1
         else:
             sys.exit("gave up")
