@@ -104,6 +104,15 @@ class DecodedBlock:
         end = int(self.starts[-1] + self.lengths[-1])
         if end + 4 >= 2**31:
             raise FormatError(self.key, None, "batch holds more than 2 GiB of entry bytes")
+        width = int(self.lengths[0])
+        if n > 1 and np.all(np.diff(self.starts) == width + 4) and np.all(self.lengths == width):
+            # equal-length records: one strided copy drops the prefixes
+            rows = np.frombuffer(self.block, dtype=np.uint8, count=n * (width + 4))
+            values = np.ascontiguousarray(rows.reshape(n, width + 4)[:, 4:])
+            offsets = np.arange(0, n * width + 1, width, dtype=np.int32) if width else \
+                np.zeros(n + 1, dtype=np.int32)
+            return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                          pa.py_buffer(values)])
         offsets = np.empty(n + 1, dtype=np.int32)
         offsets[:n] = self.starts
         offsets[n] = end + 4
