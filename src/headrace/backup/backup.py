@@ -38,6 +38,7 @@ class BackupManager:
                  progress: ProgressCallback | None = None):
         self.config = config or BackupConfig()
         self.store = open_store(store_or_url)
+        self._owns_store = not isinstance(store_or_url, ObjectStore)  # opened from a URL
         self.clock = clock or SystemClock()
         self.blobs = BlobStore(self.store, prefix, retry=self.config.retry, clock=self.clock,
                                ttl_ms=self.config.ttl_ms)
@@ -140,6 +141,8 @@ class BackupManager:
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> BackupManager:
         return self

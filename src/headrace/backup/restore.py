@@ -68,6 +68,7 @@ class RestoreManager:
                  progress: ProgressCallback | None = None, fsync: bool = True):
         self.config = config or BackupConfig()
         self.store = open_store(store_or_url)
+        self._owns_store = not isinstance(store_or_url, ObjectStore)  # opened from a URL
         self.clock = clock or SystemClock()
         self.blobs = BlobStore(self.store, prefix, retry=self.config.retry, clock=self.clock,
                                ttl_ms=self.config.ttl_ms)
@@ -126,6 +127,8 @@ class RestoreManager:
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> RestoreManager:
         return self
