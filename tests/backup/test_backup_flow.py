@@ -281,3 +281,24 @@ def test_file_vanishing_during_backup_is_a_typed_error_naming_it(tmp_path, monke
     with BackupManager(LocalStore(tmp_path / "s"), config=CFG) as bm, \
             pytest.raises(InvalidInput, match="a.sst"):
         bm.upload(src, "c1")
+
+
+def test_affinity_by_mtime_reads_no_local_file(tmp_path, monkeypatch):
+    from headrace.backup import restore as restore_module
+
+    store = CountingStore(LocalStore(tmp_path / "store"))
+    src = tmp_path / "src"
+    write_tree(src, sample_tree())
+    cfg = BackupConfig(chunk_size=8192, affinity_check="mtime")
+    with BackupManager(store, config=cfg) as bm:
+        index_id = bm.upload(src, "c1")
+    with RestoreManager(store, config=cfg) as rm:
+        rm.restore(index_id, tmp_path / "dst")
+        monkeypatch.setattr(restore_module, "file_crc32", lambda p: pytest.fail("read " + p))
+        store.reset()
+        assert rm.restore(index_id, tmp_path / "dst").reused_directory
+        assert store.counts()["gets"] == 1
+        # the source itself (backed up, never restored) also matches by size + mtime
+        assert rm.restore(index_id, src).reused_directory
+    with pytest.raises(ValueError, match="affinity_check"):
+        BackupConfig(affinity_check="size")

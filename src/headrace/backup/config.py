@@ -29,6 +29,9 @@ class BackupConfig:
     # immutable files at most this big are also compared by crc32 (cheap, catches rewrites)
     crc_compare_below: int = 1 << 20
     verify_immutable_crc: bool = False  # compare every immutable file by crc32 too
+    # how restore decides a local file already equals the snapshot's: "crc" reads it and compares
+    # size + crc32 (safe); "mtime" compares size + mtime in ms (no read: rsync's default check)
+    affinity_check: str = "crc"
     job_name: str = ""
     job_instance: str = ""
     task_name: str = ""
@@ -56,6 +59,9 @@ class BackupConfig:
         if not isinstance(self.crc_compare_below, int) or self.crc_compare_below < 0:
             raise ValueError(f"crc_compare_below must be an int >= 0, got "
                              f"{self.crc_compare_below!r}")
+        if self.affinity_check not in ("crc", "mtime"):
+            raise ValueError(f"affinity_check must be 'crc' or 'mtime', got "
+                             f"{self.affinity_check!r}")
         for name in ("job_name", "job_instance", "task_name", "store_name"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a str")

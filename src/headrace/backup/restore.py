@@ -145,15 +145,19 @@ class RestoreManager:
                 shutil.rmtree(p, ignore_errors=True)
 
     def _local_matches(self, index: SnapshotIndex, target: Path) -> dict[str, Path]:
-        """Files of ``target`` equal (size + crc32) to the snapshot's file at the same path;
-        checksummed in parallel on the download pool (zlib releases the GIL)."""
+        """Files of ``target`` equal (size + crc32, or size + mtime) to the snapshot's file at
+        the same path; checksummed in parallel on the download pool (zlib releases the GIL)."""
+        by_mtime = self.config.affinity_check == "mtime"
 
         def same(rel: str, f: FileIndex) -> bool:
             p = target / rel
             try:
                 st = p.lstat()
-                return (stat.S_ISREG(st.st_mode) and st.st_size == f.size
-                        and file_crc32(str(p)) == f.crc32)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                    return False
+                if by_mtime:
+                    return st.st_mtime_ns // 1_000_000 == f.mtime_ms
+                return file_crc32(str(p)) == f.crc32
             except OSError:
                 return False
 
