@@ -302,3 +302,11 @@ def test_affinity_by_mtime_reads_no_local_file(tmp_path, monkeypatch):
         assert rm.restore(index_id, src).reused_directory
     with pytest.raises(ValueError, match="affinity_check"):
         BackupConfig(affinity_check="size")
+
+
+def test_names_an_index_could_not_hold_are_refused_at_backup(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, {"bad\nname": b"1"})
+    with BackupManager(LocalStore(tmp_path / "s"), config=CFG) as bm, \
+            pytest.raises(InvalidInput, match="control characters"):
+        bm.upload(src, "c1")

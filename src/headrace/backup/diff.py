@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from headrace.backup.config import BackupConfig
-from headrace.backup.index import DirIndex, FileIndex
+from headrace.backup.index import DirIndex, FileIndex, validate_name
 from headrace.codec import crc32
-from headrace.errors import InvalidInput
+from headrace.errors import FormatError, InvalidInput
 
 _READ = 8 << 20
 
@@ -75,6 +75,11 @@ def _scan(path: str, rel: str) -> tuple[dict[str, LocalFile], dict[str, str]]:
         raise InvalidInput(f"cannot scan {path!r} for backup: {e.strerror or e}") from e
     for e, st in entries:
         erel = rel + e.name
+        try:
+            validate_name(e.name, key=None, what="file name")
+        except FormatError:
+            raise InvalidInput(f"{erel!r} in {path!r}: names with control characters or "
+                               f"backslashes cannot be backed up") from None
         if stat.S_ISLNK(st.st_mode):
             raise InvalidInput(f"{erel!r} in {path!r} is a symlink: backups copy files only")
         if stat.S_ISDIR(st.st_mode):
