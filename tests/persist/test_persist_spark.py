@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 
 import pytest
@@ -72,26 +75,64 @@ def _history(url, shard) -> Counter:
                        strict=True))
 
 
+DRIVER = r"""
+import sys
+from headrace.spark.shard_source import register
+from headrace.testing.spark import local_spark
+inputs, url, ckpt = sys.argv[1:4]
+spark = local_spark("persist-killed-driver", master="local[1]")
+register(spark)
+df = (spark.readStream.format("json").schema("user string, amount long")
+      .option("maxFilesPerTrigger", 1).load(inputs))
+(df.writeStream.format("headrace.shard").option("url", url).option("shard", "out")
+   .option("checkpointLocation", ckpt).trigger(processingTime="0 seconds").start()
+   .awaitTermination())
+"""
+
+
+def _kill_driver_mid_stream(inputs, url, ckpt) -> None:
+    """Run the query in its own driver process and SIGKILL it (JVM included) mid-stream."""
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(inputs), url, str(ckpt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if (PersistClient(url).upper("out") or 0) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert PersistClient(url).upper("out") >= 2
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def _lose_last_commit_log_entry(ckpt) -> int:
+    """A crash after the sink's commit but before Spark's commit log: Spark replays the batch."""
+    last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
+    (ckpt / "commits" / str(last)).unlink()
+    (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    return last
+
+
 def test_stream_sink_exactly_once_across_restarts(shard_spark, tmp_path):
     url = str(tmp_path / "store")
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     ckpt = tmp_path / "ckpt"
-    replayed = None
-    for round_no in range(3):  # three interrupted runs, then a final one
-        _write_inputs(inputs, round_no * 2, 2)
-        _run(shard_spark, inputs, url, "out", ckpt)
-        if replayed is not None:
-            assert (ckpt / "commits" / str(replayed)).exists()  # Spark did rerun that batch
-        # crash after the sink's commit but before Spark's commit log: Spark replays the batch
-        last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
-        (ckpt / "commits" / str(last)).unlink()
-        shutil.rmtree(ckpt / "commits" / f".{last}.crc", ignore_errors=True)
-        (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
-        replayed = last
-    _run(shard_spark, inputs, url, "out", ckpt)  # replays the last batch: must be a no-op
+    _write_inputs(inputs, 0, 4)
+    _kill_driver_mid_stream(inputs, url, ckpt)  # kill 1: SIGKILL of the whole driver
+    _run(shard_spark, inputs, url, "out", ckpt)  # restart 1
+    assert PersistClient(url).upper("out") == 4
+    for files in (2, 0):  # kills 2 and 3: the commit log entry of the last batch is lost
+        replayed = _lose_last_commit_log_entry(ckpt)
+        _write_inputs(inputs, PersistClient(url).upper("out"), files)
+        _run(shard_spark, inputs, url, "out", ckpt)  # restart: replays it, must be a no-op
+        assert (ckpt / "commits" / str(replayed)).exists()  # Spark did rerun that batch
     assert PersistClient(url).upper("out") == 6
-    assert _history(url, "out") == _expected(6)  # same updates at the same times, none twice
+    assert _history(url, "out") == _expected(6)  # = one uninterrupted run: batch i = file i
     client = PersistClient(url)
+    client.sweep(grace_s=0)  # the killed driver may have left an uploaded, unlinked part
     referenced = {p.key for p in client.state("out").parts}
     assert {m.key for m in client.store.list("persist/shards/out/parts/")} == referenced
