@@ -175,3 +175,20 @@ def test_background_compaction_past_the_threshold():
     snap = client.read_only("s").snapshot(19)
     assert dict(zip(snap.column("k").to_pylist(), snap.column("diff").to_pylist(),
                     strict=True)) == {0: 7, 1: 7, 2: 6}
+
+
+def test_transient_errors_and_lost_replies_lose_and_duplicate_nothing(tmp_path):
+    from headrace.store import FaultyStore
+
+    faulty = FaultyStore(LocalStore(tmp_path / "s"), seed=3)
+    client = PersistClient(faulty)
+    w = client.open_writer("s")
+    faulty.set_faults(fail_rate=0.15, lost_reply_rate=0.25, verbs={"put", "get", "head"})
+    for t in range(25):
+        w.append(make_updates({"k": [t]}, [t]), t, t + 1)
+    faulty.clear()
+    assert faulty.injected["fail"] > 5 and faulty.injected["lost_reply"] > 5
+    assert client.upper("s") == 25
+    snap = client.read_only("s").snapshot(24)
+    assert sorted(snap.column("k").to_pylist()) == list(range(25))
+    assert set(snap.column("diff").to_pylist()) == {1}

@@ -86,7 +86,7 @@ def compact(client, shard: str, *, max_parts: int = 8) -> CompactionResult:
     after = machine.apply(step)
     applied = new_part in after.parts
     if not applied:
-        client.store.delete(new_part.key)
+        P.delete_quietly(client.store, [new_part.key])
     log.info("shard %s: compacted %d parts (%d rows) into 1 (%d rows), applied=%s", shard,
              len(run), merged.num_rows, out.num_rows, applied)
     return CompactionResult(len(run), merged.num_rows, out.num_rows, applied)

@@ -102,7 +102,7 @@ class WriteHandle:
         try:
             state = self.machine.apply(step)
         except UpperMismatch:
-            self.client.store.delete_many([p.key for p in new_parts])  # never linked
+            P.delete_quietly(self.client.store, [p.key for p in new_parts])  # never linked
             raise
         limit = self.client.auto_compact_at
         if limit is not None and len(state.parts) > limit:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -17,9 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headrace.codec import crc32, new_ulid
-from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
+from headrace.errors import AlreadyExists, ChecksumMismatch, FormatError, InvalidInput, StoreError
 from headrace.persist.state import PartMeta
+from headrace.retry import RetryPolicy
 from headrace.store import CREATE, ObjectStore
+
+log = logging.getLogger("headrace.persist")
+STORE_RETRY = RetryPolicy(max_attempts=8, base_delay_s=0.005, max_delay_s=0.5)
 
 TIME, DIFF = "time", "diff"
 PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
@@ -75,16 +80,45 @@ def encode_part(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+def put_new_blob(store: ObjectStore, key: str, data: bytes) -> None:
+    """Create ``key`` (a fresh ULID key, so only we write it), retrying transient errors.
+
+    A retry that finds the key already there means an earlier attempt landed and only its reply
+    was lost: the bytes are compared to be sure.
+    """
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        attempts += 1
+        try:
+            store.put(key, data, CREATE)
+        except AlreadyExists:
+            if attempts == 1 or store.get(key).data != data:
+                raise
+    STORE_RETRY.call(attempt, what=f"put {key}")
+
+
+def delete_quietly(store: ObjectStore, keys: list[str]) -> None:
+    """Best-effort delete of blobs nobody references; the sweep retries what this misses."""
+    if not keys:
+        return
+    try:
+        store.delete_many(keys)
+    except StoreError as e:
+        log.info("could not delete %d unreferenced blobs now (the sweep will): %s", len(keys), e)
+
+
 def write_part(store: ObjectStore, root: str, shard: str, table: pa.Table, lower: int,
                upper: int, time_override: int | None = None) -> PartMeta:
     data = encode_part(table)
     key = part_key(root, shard)
-    store.put(key, data, CREATE)
+    put_new_blob(store, key, data)
     return PartMeta(key, lower, upper, table.num_rows, len(data), crc32(data), time_override)
 
 
 def read_part(store: ObjectStore, part: PartMeta) -> pa.Table:
-    data = store.get(part.key).data
+    data = STORE_RETRY.call(lambda: store.get(part.key), what=f"get {part.key}").data
     if len(data) != part.size:
         raise FormatError(part.key, len(data), f"part is {len(data)} bytes, state says {part.size}")
     actual = crc32(data)

@@ -42,7 +42,6 @@ from headrace.errors import InvalidInput
 from headrace.persist import PersistClient, UpperMismatch
 from headrace.persist import parts as P
 from headrace.persist.state import PartMeta
-from headrace.store import CREATE
 
 log = logging.getLogger("headrace.persist")
 NAME = "headrace.shard"
@@ -196,7 +195,7 @@ class ShardStreamWriter(DataSourceStreamArrowWriter):
         client = PersistClient(self.url)
         data = P.encode_part(table)
         key = P.part_key(client.root, self.shard)
-        client.store.put(key, data, CREATE)
+        P.put_new_blob(client.store, key, data)
         schema = P.data_schema(table).remove_metadata()
         return PartMessage(key, table.num_rows, len(data), crc32(data), P.schema_to_text(schema))
 
@@ -219,7 +218,7 @@ class ShardStreamWriter(DataSourceStreamArrowWriter):
             state = client.state(self.shard)
             if state.upper is None or state.upper > batchId:
                 referenced = {p.key for p in state.parts}
-                client.store.delete_many([p.key for p in parts if p.key not in referenced])
+                P.delete_quietly(client.store, [p.key for p in parts if p.key not in referenced])
                 log.info("shard %s: batch %d already committed (upper %s): no-op", self.shard,
                          batchId, state.upper)
                 return
