@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from headrace.errors import FormatError
 from headrace.persist.consensus import (
@@ -88,3 +89,51 @@ def test_fresh_writer_skips_the_floor_read_and_young_versions_survive_truncation
     other = ObjectStoreConsensus(store)  # a writer that never saw the head checks the floor
     assert not other.compare_and_set("s", 5, b"stale")
     assert other.metrics()["floor_checks"] == 0  # (lost on AlreadyExists: v6 still exists)
+
+
+class ConsensusModel(RuleBasedStateMachine):
+    """Consensus vs a list model: CAS with right/stale/future expectations, truncation, scans."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = ObjectStoreConsensus(MemoryStore(), hint_every=3, min_age_s=0, fresh_s=0)
+        self.versions: list[bytes] = []  # versions[i] = data of seqno i + 1
+        self.floor = 1
+
+    @rule(delta=st.integers(-3, 2), data=st.binary(max_size=8))
+    def cas(self, delta, data):
+        head = len(self.versions)
+        expected = head + delta
+        if expected < 0:
+            return
+        ok = self.c.compare_and_set("k", expected or None, data + b"#%d" % len(self.versions))
+        assert ok == (expected == head)
+        if ok:
+            self.versions.append(data + b"#%d" % head)
+
+    @precondition(lambda self: len(self.versions) > 1)
+    @rule(data=st.data())
+    def truncate(self, data):
+        to = data.draw(st.integers(1, len(self.versions)))
+        self.c.truncate("k", to)
+        self.floor = max(self.floor, to)
+
+    @rule(start=st.integers(0, 30), limit=st.integers(1, 5))
+    def scan(self, start, limit):
+        got = self.c.scan("k", start, limit)
+        first = max(start, self.floor, 1)
+        want = [(s, self.versions[s - 1]) for s in range(first, len(self.versions) + 1)][:limit]
+        assert [(v.seqno, v.data) for v in got] == want
+
+    @invariant()
+    def head_matches(self):
+        head = self.c.head("k")
+        if not self.versions:
+            assert head is None
+        else:
+            assert (head.seqno, head.data) == (len(self.versions), self.versions[-1])
+
+
+ConsensusModel.TestCase.settings = settings(max_examples=30, stateful_step_count=20,
+                                            deadline=None)
+TestConsensusModel = ConsensusModel.TestCase

@@ -21,7 +21,9 @@ Protocol (each step and why):
    ``fresh_s`` (60 s) before its Create returned: the real version ``expected+1`` was then created
    less than ``fresh_s`` ago, too young to be truncated, so ours cannot be a zombie. (This assumes
    the truncator's clock is within ``min_age_s - fresh_s`` of the store's.)
-4. A Create whose reply is lost (transient error after the write landed) is resolved by reading
+4. ``expected`` must exist: a writer that has not itself seen ``expected`` as the head HEADs it
+   first, so a made-up expectation cannot open a hole in the log.
+5. A Create whose reply is lost (transient error after the write landed) is resolved by reading
    the version back: identical bytes mean we won. State versions carry a unique op id, so two
    writers never write identical bytes.
 """
@@ -228,6 +230,10 @@ class ObjectStoreConsensus(Consensus):
         vkey = self.version_key(key, seqno)
         with self._known_lock:
             known = self._known.get(key)
+        if expected and (known is None or known[0] != expected) and \
+                not self._exists(self.version_key(key, expected)):
+            self._metrics["cas_lost"] += 1
+            return False  # ``expected`` was never the head: writing would open a hole
         started = time.monotonic()
         for attempt in self.retry.delays():
             try:
