@@ -61,17 +61,22 @@ def hash_keys(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def bloom_build(hashes: np.ndarray, bits_per_key: int = BITS_PER_KEY) -> tuple[np.ndarray, int]:
-    """Filter bits (uint8, little-endian bit order, a multiple of 8 bytes) and hash count k."""
+    """Filter bits (uint8, little-endian bit order) and hash count k.
+
+    The bit count m is a power of two >= bits_per_key * n (at least 64), so a probe position is
+    ``(h1 + i * h2) & (m - 1)``: a mask, not a division.
+    """
     n = len(hashes)
     if n == 0:
         return np.zeros(0, dtype=np.uint8), 0
-    m = max(64, -(-n * bits_per_key // 64) * 64)
+    m = 1 << max(6, int(n * bits_per_key - 1).bit_length())
     k = max(1, round(bits_per_key * math.log(2)))
     bits = np.zeros(m, dtype=bool)
+    mask = np.uint64(m - 1)
     h1, h2 = hashes & np.uint64(0xFFFFFFFF), (hashes >> np.uint64(32)) | np.uint64(1)
     with np.errstate(over="ignore"):
         for i in range(k):  # loop over hash functions, vectorised over keys
-            bits[(h1 + np.uint64(i) * h2) % np.uint64(m)] = True
+            bits[(h1 + np.uint64(i) * h2) & mask] = True
     return np.packbits(bits, bitorder="little"), k
 
 
@@ -79,12 +84,12 @@ def bloom_may_contain(bits: np.ndarray, k: int, hashes: np.ndarray) -> np.ndarra
     """Boolean mask: False means the key is certainly absent."""
     if k == 0 or len(bits) == 0:
         return np.ones(len(hashes), dtype=bool)
-    m = np.uint64(len(bits) * 8)
+    mask = np.uint64(len(bits) * 8 - 1)
     h1, h2 = hashes & np.uint64(0xFFFFFFFF), (hashes >> np.uint64(32)) | np.uint64(1)
-    mask = np.ones(len(hashes), dtype=bool)
+    out = np.ones(len(hashes), dtype=bool)
     with np.errstate(over="ignore"):
         for i in range(k):
-            idx = (h1 + np.uint64(i) * h2) % m
-            mask &= ((bits[idx >> np.uint64(3)] >> (idx & np.uint64(7)).astype(np.uint8)) & 1
-                     ).astype(bool)
-    return mask
+            idx = (h1 + np.uint64(i) * h2) & mask
+            out &= ((bits[idx >> np.uint64(3)] >> (idx & np.uint64(7)).astype(np.uint8)) & 1
+                    ).astype(bool)
+    return out

@@ -258,7 +258,7 @@ def decode(buf: pa.Buffer, key: str | None) -> Decoded:
     if _message_metadata_len(body_mv, key, body_off) != meta_len:
         raise FormatError(key, body_off, "body metadata length disagrees with the footer")
     _section(mv, body_off, meta_len, meta_crc, i_off, key, "body metadata")
-    if bloom_k and b_len == 0 or b_len % 8:
+    if (bloom_k and b_len < 8) or (b_len & (b_len - 1)):  # a power of two >= 8 bytes, or 0
         raise FormatError(key, b_off, f"bloom filter of {b_len} bytes with k={bloom_k}")
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(schema_mv))
