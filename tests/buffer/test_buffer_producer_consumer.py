@@ -57,6 +57,7 @@ def test_produce_then_consume_with_metadata_ranges(url):
     c.ack(1)
     c.flush()
     assert c.metrics()["records_consumed"] == 6
+    assert "headrace_buffer_consumer_records_consumed 6\n" in c.prometheus()
     c.close()
     assert read_entries(open_store(url), M, None, 10) == []
 
@@ -72,6 +73,7 @@ def test_flush_on_size_and_on_timer():
         p.produce([b"timer"]).watcher.await_durable(5)
         assert time.monotonic() - t0 < 2
         assert p.metrics()["batches_flushed"] == 1
+        assert "headrace_buffer_producer_batches_flushed 1\n" in p.prometheus()
     batches = read_entries(store, M, None)
     assert [len(b.entries) for b in batches] == [3, 3, 3, 1, 1]
 

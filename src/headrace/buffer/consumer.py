@@ -15,7 +15,13 @@ from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
 from headrace.buffer.config import ConsumerConfig
 from headrace.buffer.gc import GarbageCollector
 from headrace.buffer.queue import QueueConsumer, read_manifest
-from headrace.buffer.types import ConsumedBatch, Fenced, ManifestEntry, OutOfOrderAck
+from headrace.buffer.types import (
+    ConsumedBatch,
+    Fenced,
+    ManifestEntry,
+    OutOfOrderAck,
+    prometheus_text,
+)
 from headrace.codec import Clock, SystemClock
 from headrace.errors import HeadraceError
 from headrace.retry import RetryPolicy
@@ -214,6 +220,10 @@ class Consumer:
     @property
     def epoch(self) -> int | None:
         return self._queue.epoch
+
+    def prometheus(self) -> str:
+        """``metrics()`` in Prometheus text format."""
+        return prometheus_text(self.metrics(), "headrace_buffer_consumer")
 
     def metrics(self) -> dict[str, float]:
         with self._lock:

@@ -25,7 +25,7 @@ import numpy as np
 from headrace.buffer.batch_format import COMPRESSIONS, encode_batch
 from headrace.buffer.config import ProducerConfig
 from headrace.buffer.queue import QueueProducer
-from headrace.buffer.types import Metadata
+from headrace.buffer.types import Metadata, prometheus_text
 from headrace.codec import Clock, SystemClock, new_ulid
 from headrace.errors import AlreadyExists, HeadraceError, InvalidInput
 from headrace.retry import RetryPolicy
@@ -157,6 +157,10 @@ class Producer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def prometheus(self) -> str:
+        """``metrics()`` in Prometheus text format."""
+        return prometheus_text(self.metrics(), "headrace_buffer_producer")
 
     def metrics(self) -> dict[str, float]:
         with self._stats_lock:
