@@ -17,6 +17,7 @@ from headrace.spark.demo import (
     normalize_totals,
     produce,
 )
+from headrace.spark.pipeline import PipelineError
 from headrace.store import FaultyStore, LocalStore
 
 pytestmark = pytest.mark.spark
@@ -53,41 +54,38 @@ def test_pipeline_matches_batch_recomputation(spark, tmp_path, expected):
     assert p.metrics["task_puts"] == 0
 
 
-@pytest.mark.parametrize("crash_at", ["state-checkpoint", "progress-cas", "output-cas"])
-def test_crash_at_each_protocol_step_then_restart(spark, tmp_path, expected, crash_at):
-    """A driver failure at each durable step of batch 2; a fresh pipeline (new process state,
-    same store) finishes with output identical to an uninterrupted run."""
-    root = str(tmp_path / "store")
-    produce_waves(root)
-    keys = {"state-checkpoint": lambda k: k.startswith("demo.state"),
-            "progress-cas": lambda k: "demo.progress" in k and "consensus" in k,
-            "output-cas": lambda k: OUTPUT_SHARD in k and "consensus" in k}[crash_at]
-    faulty = FaultyStore(LocalStore(root), seed=1)
-    p1 = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(tmp_path / "ckpt"),
-                        batches_per_trigger=1, store=faulty)
-    # let batch 0 and 1 through, then fail the first matching PUT of the next batch
-    p1.on_batch = lambda info: (info["time"] == 1 and faulty.set_faults(
-        fail_calls=[1], verbs={"put"}, keys=keys))
-    with pytest.raises(Exception):  # noqa: B017 - the injected fault surfaces as the query error
-        p1.run(until_idle=True)
-    assert p1.time == 2
-    p2 = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(tmp_path / "ckpt"),
-                        batches_per_trigger=1)
-    p2.run(until_idle=True)
-    assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
-    if crash_at == "output-cas":
-        assert p2.metrics["replayed_batches"] == 1  # output of batch 2 rebuilt from the store
+CRASH_POINTS = {
+    "state-checkpoint": lambda k: k.startswith("demo.state"),
+    "progress-cas": lambda k: "demo.progress" in k and "consensus" in k,
+    "output-cas": lambda k: OUTPUT_SHARD in k and "consensus" in k,
+}
 
 
-def test_restart_without_spark_checkpoint(spark, tmp_path, expected):
+def test_crash_at_each_protocol_step_then_restart(spark, tmp_path, expected):
+    """A permanent failure at each durable step of the micro-batch protocol, one after another;
+    each time a fresh Pipeline (new process state, same store) takes over — the last time also
+    without Spark's checkpoint folder. The output equals an uninterrupted run's."""
     root = str(tmp_path / "store")
-    produce_waves(root)
+    produce_waves(root, waves=6)
     ckpt = tmp_path / "ckpt"
-    p1 = build_pipeline(spark, root, partitions=2, checkpoint_dir=str(ckpt),
-                        batches_per_trigger=1)
-    p1.run(until_idle=False, processing_time="0 seconds", timeout_s=25)
-    shutil.rmtree(ckpt)  # Spark's own offsets and commits are gone
-    p2 = build_pipeline(spark, root, partitions=2, checkpoint_dir=str(ckpt),
-                        batches_per_trigger=1)
-    p2.run(until_idle=True)
-    assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
+    replayed = 0
+    for crash_at, keys in CRASH_POINTS.items():
+        faulty = FaultyStore(LocalStore(root), seed=1)
+        p = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(ckpt),
+                           batches_per_trigger=1, store=faulty)
+        start = p.recover()
+        # let one batch through, then fail the first matching PUT of the next one
+        p.on_batch = lambda info, keys=keys, faulty=faulty, start=start: (
+            info["time"] == start and faulty.set_faults(fail_calls=[1], verbs={"put"},
+                                                        keys=keys, retryable=False))
+        with pytest.raises(PipelineError, match="injected fault"):
+            p.run(until_idle=True)
+        assert p.time == start + 1, crash_at
+        replayed += int(p.metrics["replayed_batches"])
+    shutil.rmtree(ckpt)  # and Spark's own offsets and commits are gone too
+    last = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(ckpt),
+                          batches_per_trigger=1)
+    last.run(until_idle=True)
+    # the output-cas crash left batch t committed but unpublished: rebuilt on restart
+    assert last.metrics["replayed_batches"] == 1
+    assert normalize_totals(last.read_shard(OUTPUT_SHARD)) == expected

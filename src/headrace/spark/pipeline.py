@@ -357,15 +357,17 @@ class Pipeline:
             reader = reader.load()
             writer = (reader.writeStream.foreachBatch(self._process)
                       .option("checkpointLocation", self.checkpoint_dir))
-            if until_idle:
-                query = writer.trigger(availableNow=True).start()
-                query.awaitTermination()
-            else:
-                query = writer.trigger(processingTime=processing_time or "1 second").start()
-                query.awaitTermination(timeout_s)
-                query.stop()
-            if query.exception() is not None:
-                raise PipelineError(f"streaming query failed: {query.exception()}")
+            try:
+                if until_idle:
+                    query = writer.trigger(availableNow=True).start()
+                    query.awaitTermination()
+                else:
+                    query = writer.trigger(processingTime=processing_time or "1 second").start()
+                    query.awaitTermination(timeout_s)
+                    query.stop()
+            except Exception as e:  # the query died: what failed inside a batch is in its text
+                raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "
+                                    f"{_first_error_line(e)}") from e
             runs += 1
             if not until_idle or self.metrics["batches"] == before:
                 break
@@ -379,6 +381,13 @@ class Pipeline:
         if upper == 0:
             raise InvalidInput(f"shard {shard!r} has no complete time yet")
         return self.persist.read_only(shard).snapshot(upper - 1 if as_of is None else as_of)
+
+
+def _first_error_line(e: Exception) -> str:
+    """The innermost Python error of a failed streaming query (Spark wraps it several times)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln or "Fault:" in ln]
+    return (errors[-1] if errors else (lines[0] if lines else repr(e)))[:500]
 
 
 def _task_fn(spec: OperatorSpec, ctx: TaskContextSpec):
