@@ -40,6 +40,7 @@ def produce(url: str, producer_id: str, n: int, flush_interval_s: float) -> None
                 handles.append(h)
                 ready.notify()
     reporter.join()
+    sys.stderr.write("METRICS " + json.dumps(producer.metrics()) + "\n")
 
 
 def consume(url: str, outfile: str, last_acked: str, delay_s: float) -> None:
