@@ -1,6 +1,8 @@
 """Subprocess worker for the buffer's contention and crash tests (not a test module).
 
-    produce URL PRODUCER_ID N [FLUSH_INTERVAL_S]   produce N calls, print each durable index
+    produce URL PRODUCER_ID N [FLUSH_INTERVAL_S [PAUSE_S]]
+                                                   produce N calls (PAUSE_S apart), print each
+                                                   durable index
     consume URL OUTFILE LAST_ACKED DELAY_S         consume to OUTFILE (one JSON line per batch,
                                                    fsynced before the ack), until the queue is empty
 """
@@ -11,11 +13,13 @@ import json
 import os
 import sys
 import threading
+import time
 
 from headrace.buffer import Consumer, ConsumerConfig, Producer, ProducerConfig
 
 
-def produce(url: str, producer_id: str, n: int, flush_interval_s: float) -> None:
+def produce(url: str, producer_id: str, n: int, flush_interval_s: float,
+            pause_s: float = 0.0) -> None:
     cfg = ProducerConfig(url=url, flush_interval_s=flush_interval_s)
     handles = []
     ready = threading.Condition()
@@ -39,13 +43,13 @@ def produce(url: str, producer_id: str, n: int, flush_interval_s: float) -> None
             with ready:
                 handles.append(h)
                 ready.notify()
+            if pause_s:
+                time.sleep(pause_s)
     reporter.join()
     sys.stderr.write("METRICS " + json.dumps(producer.metrics()) + "\n")
 
 
 def consume(url: str, outfile: str, last_acked: str, delay_s: float) -> None:
-    import time
-
     consumer = Consumer(ConsumerConfig(url=url, gc_interval_s=0, acks_per_dequeue=3))
     consumer.initialize(None if last_acked == "none" else int(last_acked))
     fd = os.open(outfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -63,6 +67,7 @@ def consume(url: str, outfile: str, last_acked: str, delay_s: float) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "produce":
         interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.1
-        produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), interval)
+        pause = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+        produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), interval, pause)
     else:
         consume(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
