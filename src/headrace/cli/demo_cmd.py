@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -63,11 +64,27 @@ def _spawn(args: list[str]) -> subprocess.Popen:
                             env=env, start_new_session=True)
 
 
-def _events(proc: subprocess.Popen):
-    for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            yield json.loads(line)
+def _events(proc: subprocess.Popen, idle_s: float | None = None):
+    """The worker's JSON events; yields None after ``idle_s`` without one (a reader thread
+    keeps the main thread free to decide to kill the worker)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            if line.strip().startswith("{"):
+                q.put(json.loads(line))
+        q.put(StopIteration)
+
+    threading.Thread(target=pump, name="headrace-demo-events", daemon=True).start()
+    while True:
+        try:
+            ev = q.get(timeout=idle_s)
+        except queue.Empty:
+            yield None
+            continue
+        if ev is StopIteration:
+            return
+        yield ev
 
 
 def _sizes(root: str) -> dict[str, tuple[int, int]]:
@@ -91,8 +108,13 @@ def _sizes(root: str) -> dict[str, tuple[int, int]]:
 @click.option("--partitions", default=4, show_default=True, help="Shuffle partitions (P).")
 @click.option("--kill-after", default=3, show_default=True,
               help="SIGKILL the pipeline after this many micro-batches.")
+@click.option("--batches-per-trigger", default=4, show_default=True,
+              help="Queue batches per micro-batch.")
+@click.option("--master", default="local[2]", show_default=True,
+              help="Spark master, e.g. local-cluster[2,1,1024] for executors in separate JVMs.")
 @click.option("--seed", default=7, show_default=True)
-def demo(url, orders, customers, rate, minutes, partitions, kill_after, seed):
+def demo(url, orders, customers, rate, minutes, partitions, kill_after, batches_per_trigger,
+         master, seed):
     """Run the end-to-end pipeline, kill it, restart it, and check its output."""
     from headrace.spark.demo import DemoSpec, encode, generate_events
 
@@ -108,7 +130,8 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, seed):
     console.print(f"[bold]headrace demo[/]: {len(payloads):,} events -> queue -> join + "
                   f"aggregate (P={partitions}) -> shard, store {url}")
     produced: dict = {}
-    common = ["--root", url, "--partitions", str(partitions), "--checkpoint-dir", ckpt]
+    common = ["--root", url, "--partitions", str(partitions), "--checkpoint-dir", ckpt,
+              "--batches-per-trigger", str(batches_per_trigger), "--master", master]
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=console) as progress:
         prod = progress.add_task("producers", total=len(payloads), info="")
@@ -118,7 +141,12 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, seed):
         thread.start()
         worker = _spawn(common)
         batches1 = 0
-        for ev in _events(worker):
+        for ev in _events(worker, idle_s=30):
+            if ev is None:
+                if not thread.is_alive() and batches1 >= 1:
+                    os.killpg(worker.pid, signal.SIGKILL)  # the stream ran dry before kill_after
+                    break
+                continue
             if ev["event"] == "batch":
                 batches1 += 1
                 progress.update(run1, completed=batches1,
@@ -127,7 +155,8 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, seed):
                     os.killpg(worker.pid, signal.SIGKILL)
                     break
         worker.wait()
-        progress.update(run1, description="pipeline (run 1) [red]SIGKILLed[/]")
+        progress.update(run1, description=f"pipeline (run 1) [red]SIGKILLed[/] after "
+                        f"{batches1} batches")
         thread.join()
         if "error" in produced:
             raise click.ClickException(f"producers failed: {produced['error']}")
