@@ -16,8 +16,11 @@ same bytes: applying its run twice is harmless.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -150,7 +153,10 @@ def open_reader(url: str, stream: str, version: int | None, cache_dir: str | Non
         if reader is None:
             for old in [k for k in _readers if k[:2] == key[:2]]:
                 _readers.pop(old)  # older versions of the same stream are not read again
+            # one cache folder per worker process (the reservoir's cache is per process);
+            # Python workers are reused, so a file is fetched once per worker, not per task
+            folder = Path(cache_dir or Path(tempfile.gettempdir()) / "headrace-cache")
             reader = ReservoirReader.open(store, stream=stream, version=version,
-                                          cache_dir=cache_dir)
+                                          cache_dir=folder / f"{os.getpid()}" / stream)
             _readers[key] = reader
     return reader
