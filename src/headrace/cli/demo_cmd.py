@@ -11,13 +11,9 @@
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -27,6 +23,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from headrace.spark.demo_worker import spawn_worker, worker_events
 
 console = Console()
 
@@ -55,36 +53,6 @@ def _produce(root: str, payloads: list[bytes], rate: float, progress, task_id, r
     except Exception as e:  # surfaced by the main thread
         result["error"] = e
     result["seconds"] = time.perf_counter() - t0
-
-
-def _spawn(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    return subprocess.Popen([sys.executable, "-m", "headrace.spark.demo_worker", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, start_new_session=True)
-
-
-def _events(proc: subprocess.Popen, idle_s: float | None = None):
-    """The worker's JSON events; yields None after ``idle_s`` without one (a reader thread
-    keeps the main thread free to decide to kill the worker)."""
-    q: queue.Queue = queue.Queue()
-
-    def pump():
-        for line in proc.stdout:
-            if line.strip().startswith("{"):
-                q.put(json.loads(line))
-        q.put(StopIteration)
-
-    threading.Thread(target=pump, name="headrace-demo-events", daemon=True).start()
-    while True:
-        try:
-            ev = q.get(timeout=idle_s)
-        except queue.Empty:
-            yield None
-            continue
-        if ev is StopIteration:
-            return
-        yield ev
 
 
 def _sizes(root: str) -> dict[str, tuple[int, int]]:
@@ -139,9 +107,9 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, batches_
         thread = threading.Thread(target=_produce, name="headrace-demo-producer",
                                   args=(url, payloads, rate, progress, prod, produced))
         thread.start()
-        worker = _spawn(common)
+        worker = spawn_worker(common)
         batches1 = 0
-        for ev in _events(worker, idle_s=30):
+        for ev in worker_events(worker, idle_s=30):
             if ev is None:
                 if not thread.is_alive() and batches1 >= 1:
                     os.killpg(worker.pid, signal.SIGKILL)  # the stream ran dry before kill_after
@@ -162,10 +130,10 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, batches_
             raise click.ClickException(f"producers failed: {produced['error']}")
         run2 = progress.add_task("pipeline (run 2)", total=None, info="recovering")
         t_restart = time.perf_counter()
-        worker = _spawn([*common, "--until-idle", "--verify-seed", str(seed),
+        worker = spawn_worker([*common, "--until-idle", "--verify-seed", str(seed),
                          "--customers", str(customers), "--orders", str(orders)])
         recovered = done = verified = None
-        for ev in _events(worker):
+        for ev in worker_events(worker):
             if ev["event"] == "recovered":
                 recovered = dict(ev, wall_s=time.perf_counter() - t_restart)
                 progress.update(run2, info=f"recovered at t={ev['time']}")

@@ -7,8 +7,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
+import subprocess
 import sys
+import threading
 import time
+
+
+def spawn_worker(args: list[str]) -> subprocess.Popen:
+    """Start this module in a new process group (so a SIGKILL takes its JVM down with it)."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    return subprocess.Popen([sys.executable, "-m", "headrace.spark.demo_worker", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env, start_new_session=True)
+
+
+def worker_events(proc: subprocess.Popen, idle_s: float | None = None):
+    """The worker's JSON events; with ``idle_s``, yields None after that long without one (a
+    reader thread keeps the caller free to decide to kill the worker meanwhile)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            if line.strip().startswith("{"):
+                q.put(json.loads(line))
+        q.put(StopIteration)
+
+    threading.Thread(target=pump, name="headrace-demo-events", daemon=True).start()
+    while True:
+        try:
+            ev = q.get(timeout=idle_s)
+        except queue.Empty:
+            yield None
+            continue
+        if ev is StopIteration:
+            return
+        yield ev
 
 
 def emit(**kw) -> None:

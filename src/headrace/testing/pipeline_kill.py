@@ -6,27 +6,13 @@ SIGKILL takes its Spark JVM and Python workers down with it, exactly like a mach
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
-
-def spawn_worker(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    return subprocess.Popen([sys.executable, "-m", "headrace.spark.demo_worker", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, start_new_session=True)
-
-
-def worker_events(proc: subprocess.Popen):
-    for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            yield json.loads(line)
+from headrace.spark.demo_worker import spawn_worker, worker_events
 
 
 def kill_group(proc: subprocess.Popen) -> None:
