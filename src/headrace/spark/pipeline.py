@@ -74,7 +74,7 @@ class Pipeline:
     def __init__(self, spark, root: str, *, name: str = "pipeline", partitions: int = 4,
                  state_backend: str = "reservoir", checkpoint_dir: str | None = None,
                  cache_dir: str | None = None, store=None,
-                 batches_per_trigger: int | None = None):
+                 batches_per_trigger: int | None = None, tasks: int | None = None):
         if partitions < 1 or partitions > 65535:
             raise ValueError("partitions must be in [1, 65535]")
         if state_backend != "reservoir":
@@ -87,6 +87,9 @@ class Pipeline:
         # the driver's store; tasks open ``root`` themselves (``store`` is for fault injection)
         self.store = CountingStore(store if store is not None else open_store(root))
         self.batches_per_trigger = batches_per_trigger
+        # ``partitions`` buckets lay out the state; ``tasks`` Spark tasks process them (each
+        # task takes several buckets), so the state layout does not dictate per-task overhead
+        self.tasks = min(partitions, tasks or 2 * spark.sparkContext.defaultParallelism)
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -314,7 +317,7 @@ class Pipeline:
             spec = OperatorSpec(op=node.op, kind=node.kind,
                                 inputs=[schema_to_bytes(s.schema) for s in node.sources],
                                 params=node.params)
-            result = frame.repartition(self.partitions, BUCKET).mapInArrow(
+            result = frame.repartition(self.tasks, BUCKET).mapInArrow(
                 _task_fn(spec, ctx), TASK_OUTPUT_DDL).toArrow()
             out_parts = []
             for kind, payload in zip(result["kind"].to_pylist(), result["payload"].to_pylist(),

@@ -17,6 +17,7 @@ import json
 import pickle
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -97,8 +98,14 @@ def run_operator_partition(batches, spec: OperatorSpec, ctx: TaskContextSpec,
     writer = PageRunWriter(store, stream=ctx.stream,
                            run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}")
     kinds, buckets, payloads = [], [], []
-    for bucket in pc.unique(table[BUCKET]).to_pylist():
-        rows = table.filter(pc.equal(table[BUCKET], bucket))
+    # a task usually holds several buckets: sort once, then take each bucket as a slice
+    table = table.sort_by(BUCKET)
+    ids = table[BUCKET].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        bucket = int(ids[lo])
+        rows = table.slice(lo, hi - lo)
         if spec.kind == "join":
             left = _side(rows, 0, schemas[0])
             right = _side(rows, 1, schemas[1])
