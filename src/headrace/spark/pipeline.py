@@ -22,6 +22,7 @@ own checkpoint folder may be deleted (overlapping entries are filtered by sequen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 
 from headrace.errors import HeadraceError, InvalidInput
@@ -93,8 +95,9 @@ class Pipeline:
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
+        digest = hashlib.sha256(f"{root}|{name}".encode()).hexdigest()[:12]  # stable per run
         self.checkpoint_dir = checkpoint_dir or os.path.join(
-            tempfile.gettempdir(), f"headrace-spark-{name}-{abs(hash(root)) % 10**8}")
+            tempfile.gettempdir(), f"headrace-spark-{name}-{digest}")
         self.cache_dir = cache_dir
         self.nodes: list[Node] = []
         self.sinks: list[Sink] = []
@@ -262,7 +265,7 @@ class Pipeline:
             if out is None:
                 out = pa.schema(list(sink.node.schema) + [pa.field(DIFF, pa.int64())]) \
                     .empty_table()
-            upd = out.append_column("time", pa.array([t] * out.num_rows, pa.uint64()))
+            upd = out.append_column("time", pa.array(np.full(out.num_rows, t, np.uint64)))
             upd = upd.select([*sink.node.schema.names, "time", DIFF])
             try:
                 self.persist.open_writer(sink.shard).compare_and_append(upd, t, t + 1)
