@@ -214,6 +214,13 @@ class Pipeline:
                          "entry": pa.array(entries, pa.binary())})
 
     # ---- one micro-batch ---------------------------------------------------------------
+    def process_entries(self, entries: pa.Table) -> None:
+        """Run one micro-batch over queue entries given as Arrow (sequence, index, entry),
+        outside a streaming query (backfills, tests); the same protocol as a streamed batch."""
+        if self.queue is None:
+            raise InvalidInput("process_entries needs read_queue(...) first")
+        self._process(self.spark.createDataFrame(entries), -1)
+
     def _process(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
