@@ -119,8 +119,10 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     from headrace.testing.spark import local_spark
 
+    # full: batch 0 touches each of 1M keys once (state ~1M keys), then 4 x 100k-row batches
     sizes = (dict(n_batches=4, rows_per_batch=20_000, n_keys=20_000) if args.quick
-             else dict(n_batches=6, rows_per_batch=200_000, n_keys=1_000_000))
+             else dict(n_batches=5, rows_per_batch=100_000, n_keys=1_000_000,
+                       first_rows=1_000_000))
     partitions = 200
     spark = local_spark("headrace-bench", master="local[2]", shuffle_partitions=partitions,
                         extra={"spark.sql.adaptive.enabled": "false",
