@@ -89,3 +89,12 @@ def test_crash_at_each_protocol_step_then_restart(spark, tmp_path, expected):
     # the output-cas crash left batch t committed but unpublished: rebuilt on restart
     assert last.metrics["replayed_batches"] == 1
     assert normalize_totals(last.read_shard(OUTPUT_SHARD)) == expected
+
+
+def test_pipeline_on_s3(spark, s3_url, expected):
+    """The same pipeline with every byte on a real S3 endpoint (moto): queue, state, shards."""
+    produce_waves(s3_url, waves=2)
+    p = build_pipeline(spark, s3_url, partitions=3, batches_per_trigger=1)
+    assert p.run(until_idle=True) >= 2
+    assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
+    assert p.store.counts()["puts"] == 5 * p.time

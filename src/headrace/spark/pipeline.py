@@ -304,7 +304,7 @@ class Pipeline:
         frames = self._decode_sources(entries_df) if entries_df is not None else {}
         outputs: dict[str, pa.Table] = {}
         runs: list = []
-        ctx = TaskContextSpec(url=self.store.url, stream=self.stream,
+        ctx = TaskContextSpec(url=self.root, stream=self.stream,
                               state_version=state_version, run_prefix=run_prefix,
                               cache_dir=self.cache_dir, write_state=write_state)
         for node in self.nodes:
@@ -363,7 +363,7 @@ class Pipeline:
         while True:
             before = self.metrics["batches"]
             reader = (self.spark.readStream.format("headrace.queue")
-                      .option("url", self.store.url)
+                      .option("url", self.root)
                       .option("manifest_path", f"{self.queue}/manifest"))
             if self.batches_per_trigger:
                 reader = reader.option("max_batches_per_trigger", str(self.batches_per_trigger))
