@@ -65,6 +65,7 @@ from headrace.backup import (
 from headrace.errors import InvalidInput
 from headrace.spark.kernels import ZSET_SCHEMA
 from headrace.spine.batch import Batch
+from headrace.spine.batchstore import CATALOG, fsync_dir
 from headrace.spine.circuit import Circuit
 from headrace.spine.errors import StorageLocked
 from headrace.spine.spine import SpineConfig
@@ -128,6 +129,25 @@ class _HostLock:
             os.close(fd)
 
 
+def _take_marker(path: Path) -> str | None:
+    """Read and remove the marker ``{key}.index``: the index the directory equalled when it
+    was last closed. Removed (durably) before the directory is opened again, so a crash while
+    it is open never leaves a marker for a directory that changed."""
+    try:
+        value = path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return value
+
+
+def _put_marker(path: Path, index_id: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(index_id)
+    os.replace(tmp, path)
+
+
 class LocalBackupBucketState:
     """The state of one (operator, side, bucket) in a local spine directory with backups.
 
@@ -153,14 +173,25 @@ class LocalBackupBucketState:
         self._circuit: Circuit | None = None
         self._store: ObjectStore | None = None
         self._changed = False
+        self._marker = base / f"{self.key}.index"
+        self._clean_as: str | None = None  # the snapshot the directory equals while unchanged
         self._lock: _HostLock | None = _HostLock(base / f"{self.key}.lock", lock_timeout_s)
         try:
+            local_is = _take_marker(self._marker)
             if expected_index is None:
                 shutil.rmtree(self.path, ignore_errors=True)
             else:
+                if local_is != expected_index:
+                    # the catalog is the one file rewritten in place, and it ends with its own
+                    # crc32, so every catalog has the same whole-file crc32: restore's size +
+                    # crc32 affinity check cannot tell two catalogs of equal size apart. Unless
+                    # the marker vouches for it, drop it so restore downloads the right one
+                    # (batch files and manifests have unique names and are written once).
+                    (self.path / CATALOG).unlink(missing_ok=True)
                 with RestoreManager(self._object_store(), prefix=self.prefix,
                                     config=backup_config()) as rm:
                     self.restore_result = rm.restore(expected_index, self.path)
+                self._clean_as = expected_index
             self._circuit = Circuit.open(self.path, FINGERPRINT,
                                          config=SpineConfig(background_merge=False))
             self.spine = self._circuit.spine(SPINE, pa.large_string(), pa.large_string())
@@ -212,6 +243,7 @@ class LocalBackupBucketState:
                 self.index_id = bm.upload(self.path, str(checkpoint_id))
                 self.backup_metrics = bm.metrics()
             self._changed = False
+            self._clean_as = self.index_id
             return self.index_id
         finally:
             self.close()
@@ -232,6 +264,8 @@ class LocalBackupBucketState:
         replaced by the next restore)."""
         try:
             self._close_circuit()
+            if self._lock is not None and not self._changed and self._clean_as is not None:
+                _put_marker(self._marker, self._clean_as)
         finally:
             store, self._store = self._store, None
             if store is not None and store is not self.url:
