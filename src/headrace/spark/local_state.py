@@ -19,12 +19,21 @@ Protocol of one micro-batch, per bucket:
    snapshot, never a local state the driver did not commit. Restore also redoes the snapshot's
    (idempotent) cleanup, so a driver crash between recording an index and ``finalize`` heals
    the next time the bucket is opened. ``expected=None`` wipes the directory: empty state.
+
+   One file needs more than restore's size + crc32 check: the catalog ``checkpoints.headrace``
+   is rewritten in place and ends with its own little-endian crc32, so *every* catalog has the
+   same whole-file crc32 (the CRC residue) and a stale catalog of the same size would pass as
+   current. A marker ``….index`` next to the directory names the snapshot the directory equalled
+   when it was last closed cleanly (after a restore without changes, or after an upload); it is
+   removed (and the removal fsynced) before the directory is opened. Unless the marker names the
+   expected index, the local catalog is deleted before restore, which then downloads it. Batch
+   files and checkpoint manifests have unique names and are written once, so their check holds.
 2. **apply**: the kernel reads (``lookup_many``) and writes (``insert_updates``) the spine.
 3. **commit(checkpoint_id)**: unchanged → ``None`` (the driver keeps the previous index).
    Otherwise ``Circuit.commit``, drop checkpoints beyond the last two, close the circuit (its
    ``LOCK`` is released and removed, so the directory is a quiescent, deterministic tree), then
    ``BackupManager.upload`` diffing against the expected index: batch files are immutable, so
-   only batches written since then are sent, plus the small catalog and manifest files (packed
+   only batches written since then are sent, plus the catalog and the new manifest (packed
    into one blob). The new index id goes back to the driver. No cleanup here: until the driver
    durably records the id, the new blobs carry a TTL and the old snapshot stays intact.
 4. **finalize** (driver, after recording every new id): ``cleanup`` each new index — mark it
@@ -32,8 +41,9 @@ Protocol of one micro-batch, per bucket:
 
 What a crash leaves (each step is safe to redo):
 
-- during 1–2: the directory may hold a half-used circuit or a restore staging folder; the next
-  open removes staging folders and rebuilds the directory from the expected index.
+- during 1–2: the directory may hold a half-used circuit (and its ``LOCK``) or a restore staging
+  folder, and has no marker; the next open removes staging folders and rebuilds the directory
+  from the expected index (hard links for what matches, the catalog downloaded).
 - during 3, before the upload finished: the directory is ahead of the expected index; blobs
   already sent are TTL garbage (the backup sweep deletes them). The next open restores the
   expected index (hard-linking what is unchanged).
