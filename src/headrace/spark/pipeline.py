@@ -76,12 +76,14 @@ class Pipeline:
     def __init__(self, spark, root: str, *, name: str = "pipeline", partitions: int = 4,
                  state_backend: str = "reservoir", checkpoint_dir: str | None = None,
                  cache_dir: str | None = None, store=None,
-                 batches_per_trigger: int | None = None, tasks: int | None = None):
+                 batches_per_trigger: int | None = None, tasks: int | None = None,
+                 local_root: str | None = None):
         if partitions < 1 or partitions > 65535:
             raise ValueError("partitions must be in [1, 65535]")
-        if state_backend != "reservoir":
-            raise InvalidInput(f"state_backend {state_backend!r} is not built; only "
-                               "'reservoir' is (local+backup is planned, see docs/guide.md)")
+        if state_backend not in ("reservoir", "local+backup"):
+            raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
+                               f"got {state_backend!r}")
+        self.state_backend = state_backend
         self.spark = spark
         self.root = root
         self.name = name
@@ -99,6 +101,8 @@ class Pipeline:
         self.checkpoint_dir = checkpoint_dir or os.path.join(
             tempfile.gettempdir(), f"headrace-spark-{name}-{digest}")
         self.cache_dir = cache_dir
+        # local+backup: spine directories on executor disk under local_root
+        self.local_root = local_root or os.path.join(tempfile.gettempdir(), "headrace-local")
         self.nodes: list[Node] = []
         self.sinks: list[Sink] = []
         self.queue: str | None = None
@@ -147,8 +151,8 @@ class Pipeline:
 
     @property
     def fingerprint(self) -> str:
-        """Operator graph + partition count: state written under another layout is refused."""
-        return fingerprint(self.nodes, self.sinks, self.partitions)
+        """Operator graph, partitions and backend: state of another layout is refused."""
+        return fingerprint(self.nodes, self.sinks, self.partitions, self.state_backend)
 
     # ---- state and progress ------------------------------------------------------------
     def storage(self):
@@ -163,6 +167,23 @@ class Pipeline:
             return {}
         snap = self.persist.read_only(self.progress_shard).snapshot(t)
         return {r["source"]: r["address"] for r in snap.select(["source", "address"]).to_pylist()}
+
+    def _manifest_key(self, version: int) -> str:
+        return f"{self.name}.localstate/{version:020d}.json"
+
+    def _state_indexes(self, version: int | None) -> dict[str, str]:
+        """local+backup: the bucket -> snapshot index ids that make up state ``version``."""
+        if version is None or self.state_backend != "local+backup":
+            return {}
+        key = self._manifest_key(version)
+        try:
+            obj = json.loads(self.store.get(key).data)
+        except ValueError as e:
+            raise PipelineError(f"state manifest {key!r} is not valid JSON: {e}") from e
+        if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in obj.items()):
+            raise PipelineError(f"state manifest {key!r} is not a map of index ids")
+        return obj
 
     def recover(self) -> int:
         """Bring every output up to the progress shard; returns the time to continue at."""
@@ -189,7 +210,8 @@ class Pipeline:
             entries = self._read_range(prev.get(self.queue, -1), self.bindings[self.queue])
             df = self.spark.createDataFrame(entries) if entries.num_rows else None
             outputs = self._run_operators(df, prev.get(STATE_KEY), write_state=False,
-                                          run_prefix=f"replay{t}-{uuid.uuid4().hex[:8]}")[0]
+                                          run_prefix=f"replay{t}-{uuid.uuid4().hex[:8]}",
+                                          t=t)[0]
             self._append_outputs(outputs, t, behind)
             self.metrics["replayed_batches"] += 1
         return self.time
@@ -233,17 +255,29 @@ class Pipeline:
             if end is None:
                 return  # everything in this Spark batch was processed before a restart
             t = self.time
-            outputs, runs = self._run_operators(df, self.bindings.get(STATE_KEY),
-                                                write_state=True,
-                                                run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}")
+            prev_version = self.bindings.get(STATE_KEY)
+            outputs, runs, indexes = self._run_operators(
+                df, prev_version, write_state=True, run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}",
+                t=t)
         finally:
             df.unpersist()
-        storage = self.storage()
-        storage.absorb(runs)
-        version = storage.checkpoint()
+        if self.state_backend == "local+backup":
+            # the state of time t = the previous buckets' snapshots + the ones changed now;
+            # a crashed earlier attempt of t may have left a manifest: not committed, replace it
+            manifest = {**self._state_indexes(prev_version), **indexes}
+            self.store.put(self._manifest_key(t), json.dumps(manifest, sort_keys=True).encode())
+            version = t
+        else:
+            storage = self.storage()
+            storage.absorb(runs)
+            version = storage.checkpoint()
         new = {self.queue: int(end), STATE_KEY: int(version),
                f"{GRAPH_KEY}:{self.fingerprint}": 0}
         self._commit_progress(t, new)
+        if indexes:  # recorded durably: make the new snapshots permanent, drop what they replace
+            from headrace.spark.local_state import finalize
+
+            finalize(self.store, self.name, indexes)
         self._append_outputs(outputs, t, self.sinks)
         self.time = t + 1
         self.bindings = new
@@ -298,15 +332,19 @@ class Pipeline:
         return out
 
     def _run_operators(self, entries_df, state_version: int | None, *, write_state: bool,
-                       run_prefix: str) -> tuple[dict[str, pa.Table], list]:
+                       run_prefix: str, t: int) -> tuple[dict[str, pa.Table], list, dict]:
         from pyspark.sql import functions as F
 
         frames = self._decode_sources(entries_df) if entries_df is not None else {}
         outputs: dict[str, pa.Table] = {}
         runs: list = []
+        indexes: dict[str, str] = {}
         ctx = TaskContextSpec(url=self.root, stream=self.stream,
                               state_version=state_version, run_prefix=run_prefix,
-                              cache_dir=self.cache_dir, write_state=write_state)
+                              cache_dir=self.cache_dir, write_state=write_state,
+                              backend=self.state_backend, local_root=self.local_root,
+                              pipeline=self.name, indexes=self._state_indexes(state_version),
+                              checkpoint_id=f"t{t}")
         for node in self.nodes:
             if not isinstance(node, Operator):
                 continue
@@ -336,6 +374,8 @@ class Pipeline:
                     out_parts.append(table_from_ipc(payload))
                 elif kind == "run":
                     runs.append(pickle.loads(payload))
+                elif kind == "indexes":
+                    indexes.update(json.loads(payload))
                 elif kind == "metrics":
                     for k, v in json.loads(payload).items():
                         self.metrics[f"task_{k}"] += v
@@ -345,7 +385,7 @@ class Pipeline:
             if out.num_rows:
                 frames[node.name] = self.spark.createDataFrame(
                     out.rename_columns([*node.schema.names, W]))
-        return outputs, runs
+        return outputs, runs, indexes
 
     # ---- running ----------------------------------------------------------------------
     def run(self, *, until_idle: bool = True, max_runs: int | None = None,

@@ -93,7 +93,7 @@ class Sink:
     shard: str
 
 
-def fingerprint(nodes: list[Node], sinks: list[Sink], partitions: int) -> str:
+def fingerprint(nodes: list[Node], sinks: list[Sink], partitions: int, backend: str) -> str:
     """A digest of the operator graph; state written by another graph is refused."""
     desc = []
     for n in nodes:
@@ -104,5 +104,6 @@ def fingerprint(nodes: list[Node], sinks: list[Sink], partitions: int) -> str:
         if isinstance(n, SourceTable):
             item.update(queue=n.queue, table=n.table)
         desc.append(item)
-    desc.append({"sinks": [(s.node.name, s.shard) for s in sinks], "partitions": partitions})
+    desc.append({"sinks": [(s.node.name, s.shard) for s in sinks], "partitions": partitions,
+                 "backend": backend})
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -6,6 +6,7 @@ and, for joins, ``__side``. Output: Arrow rows ``(kind, bucket, payload)`` where
 - ``"out"``: payload = the bucket's output delta as Arrow IPC;
 - ``"run"``: payload = the pickled :class:`PageRun` of this task's state changes (full files
   already uploaded by the task, small leftovers inline for the driver to bundle);
+- ``"indexes"``: (local+backup backend) JSON {bucket key: new backup snapshot index id};
 - ``"metrics"``: payload = JSON object-store request counts of this task.
 
 The spec travels to executors by pickling, so it holds only plain values (schemas as IPC).
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.spark.kernels import AggregateKernel, DistinctKernel, JoinKernel, W
+from headrace.spark.local_state import LocalBackupBucketState, bucket_key
 from headrace.spark.state import BucketState, open_reader, task_store
 
 TASK_OUTPUT_SCHEMA = pa.schema([("kind", pa.string()), ("bucket", pa.int32()),
@@ -77,6 +79,12 @@ class TaskContextSpec:
     run_prefix: str  # unique per micro-batch attempt; the task adds partition + attempt
     cache_dir: str | None = None
     write_state: bool = True
+    # the local+backup backend: spines on executor disk, one backup snapshot per bucket
+    backend: str = "reservoir"
+    local_root: str | None = None
+    pipeline: str = ""
+    indexes: dict = field(default_factory=dict)  # bucket key -> snapshot index id to read
+    checkpoint_id: str = ""
 
 
 def run_operator_partition(batches, spec: OperatorSpec, ctx: TaskContextSpec,
@@ -94,9 +102,30 @@ def run_operator_partition(batches, spec: OperatorSpec, ctx: TaskContextSpec,
     schemas = [schema_from_bytes(b) for b in spec.inputs]
     store = task_store(ctx.url)
     before = store.counts()
-    reader = open_reader(ctx.url, ctx.stream, ctx.state_version, ctx.cache_dir)
-    writer = PageRunWriter(store, stream=ctx.stream,
-                           run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}")
+    local = ctx.backend == "local+backup"
+    reader = None if local else open_reader(ctx.url, ctx.stream, ctx.state_version,
+                                            ctx.cache_dir)
+    writer = None if local else PageRunWriter(
+        store, stream=ctx.stream, run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}")
+    new_indexes: dict[str, str] = {}
+
+    def open_state(side: int, bucket: int):
+        if not local:
+            return BucketState(reader, spec.op, side, bucket)
+        key = bucket_key(spec.op, side, bucket)
+        return LocalBackupBucketState(ctx.local_root, store, ctx.pipeline, spec.op, side,
+                                      bucket, ctx.indexes.get(key))
+
+    def finish_state(st) -> None:
+        if not local:
+            if ctx.write_state:
+                st.write(writer)
+        elif ctx.write_state:
+            index = st.commit(ctx.checkpoint_id)
+            if index is not None:
+                new_indexes[st.key] = index
+        else:
+            st.close()
     kinds, buckets, payloads = [], [], []
     # a task usually holds several buckets: sort once, then take each bucket as a slice
     table = table.sort_by(BUCKET)
@@ -109,26 +138,29 @@ def run_operator_partition(batches, spec: OperatorSpec, ctx: TaskContextSpec,
         if spec.kind == "join":
             left = _side(rows, 0, schemas[0])
             right = _side(rows, 1, schemas[1])
-            ls = BucketState(reader, spec.op, 0, bucket)
-            rs = BucketState(reader, spec.op, 1, bucket)
+            ls = open_state(0, bucket)
+            rs = open_state(1, bucket)
             out = kernel.apply(left, right, ls, rs)
             states = [ls, rs]
         else:
             delta = rows.select(schemas[0].names + [W])
-            st = BucketState(reader, spec.op, 0, bucket)
+            st = open_state(0, bucket)
             out = kernel.apply(delta, st)
             states = [st]
-        if ctx.write_state:
-            for st in states:
-                st.write(writer)
+        for st in states:
+            finish_state(st)
         if out.num_rows:
             kinds.append("out")
             buckets.append(bucket)
             payloads.append(table_to_ipc(out))
-    if ctx.write_state:
+    if ctx.write_state and not local:
         kinds.append("run")
         buckets.append(-1)
         payloads.append(pickle.dumps(writer.finish(), protocol=pickle.HIGHEST_PROTOCOL))
+    if new_indexes:
+        kinds.append("indexes")
+        buckets.append(-1)
+        payloads.append(json.dumps(new_indexes).encode())
     after = store.counts()
     kinds.append("metrics")
     buckets.append(-1)
