@@ -95,8 +95,11 @@ def demo(url, orders, customers, rate, minutes, partitions, kill_after, batches_
     ckpt = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"headrace-demo-spark-{os.getpid()}")
     spec = DemoSpec(seed=seed, customers=customers, orders=orders)
     payloads = encode(generate_events(spec))
+    from headrace.store import open_store
+
+    shown = open_store(url).url  # without query parameters: credentials are never printed
     console.print(f"[bold]headrace demo[/]: {len(payloads):,} events -> queue -> join + "
-                  f"aggregate (P={partitions}) -> shard, store {url}")
+                  f"aggregate (P={partitions}) -> shard, store {shown}")
     produced: dict = {}
     common = ["--root", url, "--partitions", str(partitions), "--checkpoint-dir", ckpt,
               "--batches-per-trigger", str(batches_per_trigger), "--master", master]
