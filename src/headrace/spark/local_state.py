@@ -73,8 +73,7 @@ from headrace.backup import (
     RestoreManager,
 )
 from headrace.errors import InvalidInput
-from headrace.spark.kernels import ZSET_SCHEMA
-from headrace.spine.batch import Batch
+from headrace.spark.state import SpineZSet
 from headrace.spine.batchstore import CATALOG, fsync_dir
 from headrace.spine.circuit import Circuit
 from headrace.spine.errors import StorageLocked
@@ -158,7 +157,7 @@ def _put_marker(path: Path, index_id: str) -> None:
     os.replace(tmp, path)
 
 
-class LocalBackupBucketState:
+class LocalBackupBucketState(SpineZSet):
     """The state of one (operator, side, bucket) in a local spine directory with backups.
 
     Same interface for the kernels as :class:`headrace.spark.state.BucketState`
@@ -182,7 +181,7 @@ class LocalBackupBucketState:
         self.index_id: str | None = None  # set by a commit that uploaded a snapshot
         self._circuit: Circuit | None = None
         self._store: ObjectStore | None = None
-        self._changed = False
+        self._new: list = []  # batches added since open (SpineZSet)
         self._marker = base / f"{self.key}.index"
         self._clean_as: str | None = None  # the snapshot the directory equals while unchanged
         self._lock: _HostLock | None = _HostLock(base / f"{self.key}.lock", lock_timeout_s)
@@ -214,26 +213,6 @@ class LocalBackupBucketState:
             self._store = open_store(self.url)
         return self._store
 
-    # ---- the kernels' interface ---------------------------------------------------------
-    def lookup_many(self, keys: pa.Array) -> pa.Table:
-        return self.spine.lookup_many(keys).cast(ZSET_SCHEMA)  # the spine keeps large_string
-
-    def insert_updates(self, updates: pa.Table) -> None:
-        if updates.num_rows == 0:
-            return
-        batch = Batch.from_arrow(updates)
-        if len(batch):
-            self.spine.insert(batch)
-            self._changed = True
-
-    @property
-    def changed(self) -> bool:
-        return self._changed
-
-    def to_table(self) -> pa.Table:
-        return self.spine.to_table()
-
-    # ---- checkpoint + backup ------------------------------------------------------------
     def commit(self, checkpoint_id: str) -> str | None:
         """Checkpoint and back up the changes; the new index blob id, or None if unchanged.
 
@@ -242,7 +221,7 @@ class LocalBackupBucketState:
         try:
             if self._circuit is None:
                 raise InvalidInput(f"bucket {self.key} is closed")
-            if not self._changed:
+            if not self.changed:
                 return None
             self._circuit.commit(identifier=str(checkpoint_id))
             if len(self._circuit.checkpoints()) > 2:
@@ -252,7 +231,7 @@ class LocalBackupBucketState:
                                previous_index_blob_id=self.expected_index) as bm:
                 self.index_id = bm.upload(self.path, str(checkpoint_id))
                 self.backup_metrics = bm.metrics()
-            self._changed = False
+            self._new = []
             self._clean_as = self.index_id
             return self.index_id
         finally:
@@ -274,7 +253,7 @@ class LocalBackupBucketState:
         replaced by the next restore)."""
         try:
             self._close_circuit()
-            if self._lock is not None and not self._changed and self._clean_as is not None:
+            if self._lock is not None and not self.changed and self._clean_as is not None:
                 _put_marker(self._marker, self._clean_as)
         finally:
             store, self._store = self._store, None

@@ -66,20 +66,12 @@ class BucketRoot:
         return BucketRoot(batches, next_seq)
 
 
-class BucketState:
-    """The state of one (operator, side, bucket): a Spine plus what this task changed."""
+class SpineZSet:
+    """The kernels' view of one bucket's spine (the StateSpine protocol), shared by both state
+    backends; ``_new`` holds the batches this task added."""
 
-    def __init__(self, reader, op: int, side: int, bucket: int):
-        self.op, self.side, self.bucket = op, side, bucket
-        self.root_id = page_id(op, side, bucket, 0)
-        root = None
-        if reader is not None and reader.contains(self.root_id):
-            root = BucketRoot.from_bytes(reader.read(self.root_id), where=f"page {self.root_id}")
-        self.root = root or BucketRoot([], 1)
-        batches = [Batch.from_bytes(reader.read(pid)) for pid in self.root.batches]
-        self.spine = Spine(pa.string(), pa.string(), name=f"op{op}/s{side}/b{bucket}",
-                           config=SpineConfig(background_merge=False), batches=batches)
-        self._new: list[Batch] = []
+    spine: Spine
+    _new: list[Batch]
 
     def lookup_many(self, keys: pa.Array) -> pa.Table:
         return self.spine.lookup_many(keys).cast(ZSET_SCHEMA)  # the spine keeps large_string
@@ -95,6 +87,25 @@ class BucketState:
     @property
     def changed(self) -> bool:
         return bool(self._new)
+
+    def to_table(self) -> pa.Table:
+        return self.spine.to_table()
+
+
+class BucketState(SpineZSet):
+    """The state of one (operator, side, bucket) as reservoir pages (the default backend)."""
+
+    def __init__(self, reader, op: int, side: int, bucket: int):
+        self.op, self.side, self.bucket = op, side, bucket
+        self.root_id = page_id(op, side, bucket, 0)
+        root = None
+        if reader is not None and reader.contains(self.root_id):
+            root = BucketRoot.from_bytes(reader.read(self.root_id), where=f"page {self.root_id}")
+        self.root = root or BucketRoot([], 1)
+        batches = [Batch.from_bytes(reader.read(pid)) for pid in self.root.batches]
+        self.spine = Spine(pa.string(), pa.string(), name=f"op{op}/s{side}/b{bucket}",
+                           config=SpineConfig(background_merge=False), batches=batches)
+        self._new: list[Batch] = []
 
     def write(self, writer) -> None:
         """Write this bucket's changes as pages (compacting when it has too many batches)."""
@@ -120,9 +131,6 @@ class BucketState:
         self.root = BucketRoot(kept + new_ids, seq)
         writer.write(self.root_id, self.root.to_bytes())
         self._new = []
-
-    def to_table(self) -> pa.Table:
-        return self.spine.to_table()
 
 
 _readers: dict[tuple, object] = {}
