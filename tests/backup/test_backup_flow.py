@@ -294,7 +294,8 @@ def test_affinity_by_mtime_reads_no_local_file(tmp_path, monkeypatch):
         index_id = bm.upload(src, "c1")
     with RestoreManager(store, config=cfg) as rm:
         rm.restore(index_id, tmp_path / "dst")
-        monkeypatch.setattr(restore_module, "file_crc32", lambda p: pytest.fail("read " + p))
+        monkeypatch.setattr(restore_module, "local_file_digests",
+                            lambda p, chunks: pytest.fail("read " + p))
         store.reset()
         assert rm.restore(index_id, tmp_path / "dst").reused_directory
         assert store.counts()["gets"] == 1

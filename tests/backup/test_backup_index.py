@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headrace.backup import (
+    SCHEMA_VERSION,
     DirIndex,
     FileBlob,
     FileIndex,
@@ -20,6 +21,7 @@ from headrace.backup import (
     encode_index,
 )
 from headrace.backup.crc import crc32_combine
+from headrace.backup.digest import content_hash
 from headrace.backup.index import FORMAT_NAME
 from headrace.errors import ChecksumMismatch, FormatError
 from headrace.store import LocalStore
@@ -29,8 +31,9 @@ B2 = "01ARZ3NDEKTSV4RRFFQ69G5FAW-1700000000000"
 
 
 def sample_index() -> SnapshotIndex:
-    f1 = FileIndex("a.sst", (FileBlob(B1, 0, 10, 1), FileBlob(B2, 10, 5, 2)), 1, 2, 15, 7, 0o644)
-    empty = FileIndex("empty", (), 1, 2, 0, 0, 0o600)
+    f1 = FileIndex("a.sst", (FileBlob(B1, 0, 10, 1), FileBlob(B2, 10, 5, 2)), 1, 2, 15, 7, 0o644,
+                   "ab" * 32)
+    empty = FileIndex("empty", (), 1, 2, 0, 0, 0o600, content_hash(()))
     sub = DirIndex("sub", (empty,), (), (DirIndex("deeper"),), ())
     gone = DirIndex("gone", (FileIndex("g", (FileBlob(B2, 0, 1, 3),), 0, 0, 1, 3, 0o644),))
     root = DirIndex("", (f1,), (empty,), (sub,), (gone,))
@@ -64,9 +67,31 @@ def test_round_trip_and_walks():
 
 def test_unknown_schema_version_refused():
     body = body_of(sample_index())
-    body["schemaVersion"] = 2
-    with pytest.raises(FormatError, match="unknown schemaVersion 2"):
-        decode_index(reseal(body), key="idx")
+    for bad in (3, 0, "2", True):
+        body["schemaVersion"] = bad
+        with pytest.raises(FormatError, match="unknown schemaVersion"):
+            decode_index(reseal(body), key="idx")
+
+
+def test_schema_version_1_reads_without_content_hashes():
+    """Version 1 indexes (no contentHash) still decode; their files have no content hash (a
+    contentHash field in a version 1 body is not trusted: version 1 never wrote one)."""
+    assert SCHEMA_VERSION == 2
+    body = body_of(sample_index())
+    body["schemaVersion"] = 1
+    files = [body["dirIndex"]["filesPresent"][0], body["dirIndex"]["filesRemoved"][0]]
+    files[0].pop("contentHash")
+    got = decode_index(reseal(body))
+    assert got.schema_version == 1
+    assert [f.content_hash for _, f in got.dir_index.walk_files()] == [None, None]
+    # version 2: a missing or null contentHash is None too (entries carried over from version 1)
+    body = body_of(sample_index())
+    body["dirIndex"]["filesPresent"][0].pop("contentHash")
+    body["dirIndex"]["filesRemoved"][0]["contentHash"] = None
+    got = decode_index(reseal(body))
+    assert got.dir_index.files_present[0].content_hash is None
+    assert got.dir_index.files_removed[0].content_hash is None
+    assert got.dir_index.sub_dirs_present[0].files_present[0].content_hash == content_hash(())
 
 
 @pytest.mark.parametrize("bad", ["..", ".", "a/b", "/etc", "", "x\x00y", "a\\b"])
@@ -93,6 +118,9 @@ def test_unsafe_file_and_dir_names_refused(bad):
     (lambda b: b["dirIndex"].pop("filesRemoved"), "missing field"),
     (lambda b: b["dirIndex"]["filesPresent"][0]["attribs"].update(mode=1 << 20), "mode"),
     (lambda b: b["dirIndex"]["filesPresent"][0]["blobs"][0].update(blobOffset=1 << 31), "limit"),
+    (lambda b: b["dirIndex"]["filesPresent"][0].update(contentHash="AB" * 32), "contentHash"),
+    (lambda b: b["dirIndex"]["filesPresent"][0].update(contentHash="ab" * 31), "contentHash"),
+    (lambda b: b["dirIndex"]["filesPresent"][0].update(contentHash=7), "contentHash"),
 ])
 def test_hostile_fields_name_what_is_wrong(mutate, what):
     body = body_of(sample_index())

@@ -19,6 +19,7 @@ from headrace.backup.blobs import BlobStore
 from headrace.backup.config import BackupConfig
 from headrace.backup.crc import combine_chunks
 from headrace.backup.diff import DirDiffer, LocalFile, build_dir_index
+from headrace.backup.digest import chunk_digest, content_hash
 from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
 from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
 from headrace.backup.progress import ProgressCallback, ProgressTracker
@@ -181,7 +182,8 @@ class BackupManager:
                 remaining[f.rel] = remaining.get(f.rel, 0) + 1
         remaining_lock = threading.Lock()
 
-        def upload_blob(task: list[tuple[LocalFile, int, int]]) -> list[tuple[str, FileBlob]]:
+        def upload_blob(task: list[tuple[LocalFile, int, int]]
+                        ) -> list[tuple[str, FileBlob, bytes]]:
             parts = [_read_exact(f, off, size) for f, off, size in task]
             data = parts[0] if len(parts) == 1 else b"".join(parts)
             blob_id = self.blobs.put_blob(data)
@@ -189,7 +191,8 @@ class BackupManager:
             pos = 0
             finished = 0
             for (f, off, size), part in zip(task, parts, strict=True):
-                out.append((f.rel, FileBlob(blob_id, off, size, crc32(part), pos)))
+                out.append((f.rel, FileBlob(blob_id, off, size, crc32(part), pos),
+                            chunk_digest(part)))
                 pos += size
                 with remaining_lock:
                     remaining[f.rel] -= 1
@@ -205,15 +208,17 @@ class BackupManager:
                 fut.cancel()
             wait(pending)
             raise failed.exception()  # type: ignore[misc]
-        chunks: dict[str, list[FileBlob]] = {f.rel: [] for f in files}
+        chunks: dict[str, list[tuple[FileBlob, bytes]]] = {f.rel: [] for f in files}
         for fut in futures:
-            for rel, blob in fut.result():
-                chunks[rel].append(blob)
+            for rel, blob, digest in fut.result():
+                chunks[rel].append((blob, digest))
         out: dict[str, FileIndex] = {}
         for f in files:
-            blobs = tuple(sorted(chunks[f.rel], key=lambda b: b.offset))
+            done = sorted(chunks[f.rel], key=lambda c: c[0].offset)
+            blobs = tuple(b for b, _ in done)
             value = combine_chunks((b.crc32, b.size) for b in blobs)
-            out[f.rel] = FileIndex(f.name, blobs, f.mtime_ms, f.ctime_ms, f.size, value, f.mode)
+            out[f.rel] = FileIndex(f.name, blobs, f.mtime_ms, f.ctime_ms, f.size, value, f.mode,
+                                   content_hash(d for _, d in done))
         with self._lock:
             self._metrics["blobs_uploaded"] += len(tasks)
         return out

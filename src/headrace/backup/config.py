@@ -26,12 +26,15 @@ class BackupConfig:
     download_workers: int = 4
     ttl_ms: int = 30 * DAY_MS  # blobs of an uncommitted snapshot expire after this (seed: 30 d)
     immutable_patterns: tuple[str, ...] = DEFAULT_IMMUTABLE_PATTERNS
-    # immutable files at most this big are also compared by crc32 (cheap, catches rewrites)
+    # immutable files at most this big are also read and compared by content hash + crc32
+    # (catches rewrites; the names predate the content hash)
     crc_compare_below: int = 1 << 20
-    verify_immutable_crc: bool = False  # compare every immutable file by crc32 too
-    # how restore decides a local file already equals the snapshot's: "crc" reads it and compares
-    # size + crc32 (safe); "mtime" compares size + mtime in ms (no read: rsync's default check)
-    affinity_check: str = "crc"
+    verify_immutable_crc: bool = False  # compare every immutable file by content too
+    # how restore decides a local file already equals the snapshot's: "content" reads it and
+    # compares size + content hash (SHA-256 over chunk digests) + crc32 (safe; "crc" is the old
+    # name of the same check, kept as an alias); "mtime" compares size + mtime in ms (no read:
+    # rsync's default check)
+    affinity_check: str = "content"
     job_name: str = ""
     job_instance: str = ""
     task_name: str = ""
@@ -59,8 +62,10 @@ class BackupConfig:
         if not isinstance(self.crc_compare_below, int) or self.crc_compare_below < 0:
             raise ValueError(f"crc_compare_below must be an int >= 0, got "
                              f"{self.crc_compare_below!r}")
-        if self.affinity_check not in ("crc", "mtime"):
-            raise ValueError(f"affinity_check must be 'crc' or 'mtime', got "
+        if self.affinity_check == "crc":
+            self.affinity_check = "content"
+        if self.affinity_check not in ("content", "mtime"):
+            raise ValueError(f"affinity_check must be 'content' or 'mtime', got "
                              f"{self.affinity_check!r}")
         for name in ("job_name", "job_instance", "task_name", "store_name"):
             if not isinstance(getattr(self, name), str):

@@ -8,6 +8,7 @@ are listed as removed, so that cleanup can delete their blobs once the new snaps
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import stat
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from headrace.backup.config import BackupConfig
+from headrace.backup.digest import local_file_digests
 from headrace.backup.index import DirIndex, FileIndex, validate_name
 from headrace.codec import crc32
 from headrace.errors import FormatError, InvalidInput
@@ -105,16 +107,29 @@ class DirDiffer:
     def is_immutable(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.config.immutable_patterns)
 
-    def _same_file(self, local: LocalFile, prev: FileIndex) -> bool:
+    def _retain(self, local: LocalFile, prev: FileIndex) -> FileIndex | None:
+        """``prev`` (the previous snapshot's entry) if ``local`` is still that file, else None.
+
+        Immutable files match by name + size; small ones (and all with verify_immutable_crc)
+        are also read and must have the same content hash and crc32 (crc32 alone cannot tell
+        apart files that end with their own crc32). An entry of a schemaVersion 1 index has no
+        content hash: the local file is read once to fill it in (after the same checks)."""
         if not self.is_immutable(local.name) or local.size != prev.size:
-            return False
-        if self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below:
-            try:
-                return file_crc32(local.path) == prev.crc32
-            except OSError as e:
-                raise InvalidInput(f"cannot read {local.rel!r} for backup: "
-                                   f"{e.strerror or e}") from e
-        return True
+            return None
+        check = self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below
+        if not check and prev.content_hash is not None:
+            return prev
+        try:
+            value, digest = local_file_digests(local.path,
+                                               ((b.offset, b.size) for b in prev.blobs))
+        except OSError as e:
+            raise InvalidInput(f"cannot read {local.rel!r} for backup: "
+                               f"{e.strerror or e}") from e
+        if check and (value != prev.crc32 or prev.content_hash not in (None, digest)):
+            return None
+        if prev.content_hash is None:
+            return dataclasses.replace(prev, content_hash=digest)
+        return prev
 
     def diff(self, path: str, prev: DirIndex | None, name: str = "", rel: str = "") -> DirDiff:
         """Diff the local directory ``path`` against ``prev`` (None: everything is new)."""
@@ -125,8 +140,9 @@ class DirDiffer:
         for fname in sorted(files):
             local = files[fname]
             old = prev_files.pop(fname, None)
-            if old is not None and self._same_file(local, old):
-                out.files_retained.append(old)
+            kept = self._retain(local, old) if old is not None else None
+            if kept is not None:
+                out.files_retained.append(kept)
             else:
                 out.files_added.append(local)
                 if old is not None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from headrace.codec import crc32
 from headrace.errors import ChecksumMismatch, FormatError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # written; 2 added FileIndex.contentHash
+READABLE_VERSIONS = (1, 2)
 FORMAT_NAME = "headrace-backup-index"
 MAX_DEPTH = 128  # directory nesting an index may describe
 MAX_ENTRIES = 10_000_000  # files + dirs + blobs in one index
@@ -33,6 +34,7 @@ _ENVELOPE_HEAD = re.compile(rb'\A\{"format":"headrace-backup-index","crc32":"([0
 # blob and index ids: a ULID, then the expiry (ms since the epoch) of the TTL the blob was born with
 BLOB_ID = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}-[0-9]{1,15}\Z")
 _BAD_NAME = re.compile(r"[\x00-\x1f/\\]")
+_HASH = re.compile(r"\A[0-9a-f]{64}\Z")
 
 
 def validate_name(name: object, *, key: str | None, what: str) -> str:
@@ -77,6 +79,10 @@ class FileIndex:
     size: int
     crc32: int
     mode: int  # permission bits (attribs.mode)
+    # SHA-256 over the chunks' SHA-256 digests (headrace.backup.digest): what host affinity and
+    # the diff compare. None only for files described by a schemaVersion 1 index (never by a
+    # present file of an index this version writes): such a file is never taken as equal.
+    content_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ def _blob_json(b: FileBlob) -> dict:
 def _file_json(f: FileIndex) -> dict:
     return {"fileName": f.file_name, "blobs": [_blob_json(b) for b in f.blobs],
             "mtime": f.mtime_ms, "ctime": f.ctime_ms, "size": f.size, "crc32": f.crc32,
-            "attribs": {"mode": f.mode}}
+            "contentHash": f.content_hash, "attribs": {"mode": f.mode}}
 
 
 def _dir_json(d: DirIndex) -> dict:
@@ -179,6 +185,7 @@ class _Decoder:
     def __init__(self, key: str | None):
         self.key = key
         self.entries = 0
+        self.hashes = True  # contentHash fields are read (schemaVersion >= 2)
 
     def fail(self, where: str, what: str) -> FormatError:
         return FormatError(self.key, None, f"{where}: {what}")
@@ -235,11 +242,17 @@ class _Decoder:
             blobs.append(blob)
         if expect != size:
             raise self.fail(where, f"chunks cover {expect} bytes but size is {size}")
+        content_hash = v.get("contentHash") if self.hashes else None  # v1: none written
+        if content_hash is not None and (not isinstance(content_hash, str)
+                                         or not _HASH.match(content_hash)):
+            raise self.fail(f"{where}.contentHash", f"expected 64 lowercase hex digits or null, "
+                                                    f"got {content_hash!r}")
         return FileIndex(name, tuple(blobs),
                          self.int_(v["mtime"], f"{where}.mtime", -(1 << 62), 1 << 62),
                          self.int_(v["ctime"], f"{where}.ctime", -(1 << 62), 1 << 62),
                          size, self.int_(v["crc32"], f"{where}.crc32", 0, 0xFFFFFFFF),
-                         self.int_(attribs["mode"], f"{where}.attribs.mode", 0, 0o7777))
+                         self.int_(attribs["mode"], f"{where}.attribs.mode", 0, 0o7777),
+                         content_hash)
 
     def dir(self, value: object, where: str, depth: int, root: bool = False) -> DirIndex:
         if depth > MAX_DEPTH:
@@ -291,9 +304,10 @@ def decode_index(data: bytes | bytearray | memoryview, *, key: str | None = None
     v = dec.obj(raw, "snapshotIndex", ("schemaVersion", "checkpointId", "createdTimeMs",
                                        "dirIndex", "prevSnapshotIndexBlobId"))
     version = v["schemaVersion"]
-    if version != SCHEMA_VERSION or type(version) is not int:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise FormatError(key, None, f"unknown schemaVersion {version!r} "
-                                     f"(this headrace reads {SCHEMA_VERSION})")
+                                     f"(this headrace reads {', '.join(map(str, READABLE_VERSIONS))})")
+    dec.hashes = version >= 2
     prev = v["prevSnapshotIndexBlobId"]
     if prev is not None:
         validate_blob_id(prev, key=key, what="prevSnapshotIndexBlobId")

@@ -5,9 +5,12 @@ to the target (chunks downloaded in parallel and written at their offsets, each 
 crc32 checked, then each file's size and crc32), then swaps it in with two renames. A failure at
 any point removes the staging folder and leaves the target as it was.
 
-Host affinity: a target that already equals the snapshot (same files, sizes and crc32s, same
-directories) is kept as is, with no file blob read; files of an existing target that match the
-snapshot are hard-linked into the staging folder instead of downloaded.
+Host affinity: a target that already equals the snapshot (same files, sizes and content hashes,
+same directories) is kept as is, with no file blob read; files of an existing target that match
+the snapshot are hard-linked into the staging folder instead of downloaded. The content hash
+(SHA-256 over chunk digests, see ``digest``) decides equality, never crc32 alone: files that end
+with their own crc32 all share one whole-file crc32. Files of a schemaVersion 1 index have no
+content hash and are always downloaded.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from headrace.backup.blobs import BlobStore
 from headrace.backup.config import BackupConfig
 from headrace.backup.crc import combine_chunks
-from headrace.backup.diff import file_crc32
+from headrace.backup.digest import local_file_digests
 from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
 from headrace.backup.lifecycle import cleanup_snapshot
 from headrace.backup.progress import ProgressCallback, ProgressTracker
@@ -145,8 +148,10 @@ class RestoreManager:
                 shutil.rmtree(p, ignore_errors=True)
 
     def _local_matches(self, index: SnapshotIndex, target: Path) -> dict[str, Path]:
-        """Files of ``target`` equal (size + crc32, or size + mtime) to the snapshot's file at
-        the same path; checksummed in parallel on the download pool (zlib releases the GIL)."""
+        """Files of ``target`` equal (size + content hash + crc32, or size + mtime) to the
+        snapshot's file at the same path; hashed in parallel on the download pool (hashlib
+        releases the GIL). A snapshot file without a content hash (schemaVersion 1) never
+        matches by content: it is downloaded."""
         by_mtime = self.config.affinity_check == "mtime"
 
         def same(rel: str, f: FileIndex) -> bool:
@@ -157,7 +162,10 @@ class RestoreManager:
                     return False
                 if by_mtime:
                     return st.st_mtime_ns // 1_000_000 == f.mtime_ms
-                return file_crc32(str(p)) == f.crc32
+                if f.content_hash is None:
+                    return False
+                value, digest = local_file_digests(str(p), ((b.offset, b.size) for b in f.blobs))
+                return digest == f.content_hash and value == f.crc32
             except OSError:
                 return False
 

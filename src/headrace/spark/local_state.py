@@ -20,14 +20,12 @@ Protocol of one micro-batch, per bucket:
    (idempotent) cleanup, so a driver crash between recording an index and ``finalize`` heals
    the next time the bucket is opened. ``expected=None`` wipes the directory: empty state.
 
-   One file needs more than restore's size + crc32 check: the catalog ``checkpoints.headrace``
-   is rewritten in place and ends with its own little-endian crc32, so *every* catalog has the
-   same whole-file crc32 (the CRC residue) and a stale catalog of the same size would pass as
-   current. A marker ``….index`` next to the directory names the snapshot the directory equalled
-   when it was last closed cleanly (after a restore without changes, or after an upload); it is
-   removed (and the removal fsynced) before the directory is opened. Unless the marker names the
-   expected index, the local catalog is deleted before restore, which then downloads it. Batch
-   files and checkpoint manifests have unique names and are written once, so their check holds.
+   Restore compares local files with the snapshot by size + content hash (SHA-256 over chunk
+   digests), not by crc32 alone: the catalog ``checkpoints.headrace`` is rewritten in place and
+   ends with its own little-endian crc32, so every catalog has the same whole-file crc32 (the
+   CRC residue), and a stale catalog of the same size is still told apart and downloaded. Every
+   file is checked at every open, so a directory changed by a crash while it was open (a
+   half-used circuit, a half-rewritten catalog) needs no marker: what differs is downloaded.
 2. **apply**: the kernel reads (``lookup_many``) and writes (``insert_updates``) the spine.
 3. **commit(checkpoint_id)**: unchanged → ``None`` (the driver keeps the previous index).
    Otherwise ``Circuit.commit``, drop checkpoints beyond the last two, close the circuit (its
@@ -42,8 +40,8 @@ Protocol of one micro-batch, per bucket:
 What a crash leaves (each step is safe to redo):
 
 - during 1–2: the directory may hold a half-used circuit (and its ``LOCK``) or a restore staging
-  folder, and has no marker; the next open removes staging folders and rebuilds the directory
-  from the expected index (hard links for what matches, the catalog downloaded).
+  folder; the next open removes staging folders and rebuilds the directory from the expected
+  index (hard links for what matches, the rest, e.g. a changed catalog, downloaded).
 - during 3, before the upload finished: the directory is ahead of the expected index; blobs
   already sent are TTL garbage (the backup sweep deletes them). The next open restores the
   expected index (hard-linking what is unchanged).
@@ -74,7 +72,6 @@ from headrace.backup import (
 )
 from headrace.errors import InvalidInput
 from headrace.spark.state import SpineZSet
-from headrace.spine.batchstore import CATALOG, fsync_dir
 from headrace.spine.circuit import Circuit
 from headrace.spine.errors import StorageLocked
 from headrace.spine.spine import SpineConfig
@@ -138,25 +135,6 @@ class _HostLock:
             os.close(fd)
 
 
-def _take_marker(path: Path) -> str | None:
-    """Read and remove the marker ``{key}.index``: the index the directory equalled when it
-    was last closed. Removed (durably) before the directory is opened again, so a crash while
-    it is open never leaves a marker for a directory that changed."""
-    try:
-        value = path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
-    path.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-    return value
-
-
-def _put_marker(path: Path, index_id: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(index_id)
-    os.replace(tmp, path)
-
-
 class LocalBackupBucketState(SpineZSet):
     """The state of one (operator, side, bucket) in a local spine directory with backups.
 
@@ -182,25 +160,14 @@ class LocalBackupBucketState(SpineZSet):
         self._circuit: Circuit | None = None
         self._store: ObjectStore | None = None
         self._new: list = []  # batches added since open (SpineZSet)
-        self._marker = base / f"{self.key}.index"
-        self._clean_as: str | None = None  # the snapshot the directory equals while unchanged
         self._lock: _HostLock | None = _HostLock(base / f"{self.key}.lock", lock_timeout_s)
         try:
-            local_is = _take_marker(self._marker)
             if expected_index is None:
                 shutil.rmtree(self.path, ignore_errors=True)
             else:
-                if local_is != expected_index:
-                    # the catalog is the one file rewritten in place, and it ends with its own
-                    # crc32, so every catalog has the same whole-file crc32: restore's size +
-                    # crc32 affinity check cannot tell two catalogs of equal size apart. Unless
-                    # the marker vouches for it, drop it so restore downloads the right one
-                    # (batch files and manifests have unique names and are written once).
-                    (self.path / CATALOG).unlink(missing_ok=True)
                 with RestoreManager(self._object_store(), prefix=self.prefix,
                                     config=backup_config()) as rm:
                     self.restore_result = rm.restore(expected_index, self.path)
-                self._clean_as = expected_index
             self._circuit = Circuit.open(self.path, FINGERPRINT,
                                          config=SpineConfig(background_merge=False))
             self.spine = self._circuit.spine(SPINE, pa.large_string(), pa.large_string())
@@ -232,7 +199,6 @@ class LocalBackupBucketState(SpineZSet):
                 self.index_id = bm.upload(self.path, str(checkpoint_id))
                 self.backup_metrics = bm.metrics()
             self._new = []
-            self._clean_as = self.index_id
             return self.index_id
         finally:
             self.close()
@@ -253,8 +219,6 @@ class LocalBackupBucketState(SpineZSet):
         replaced by the next restore)."""
         try:
             self._close_circuit()
-            if self._lock is not None and not self.changed and self._clean_as is not None:
-                _put_marker(self._marker, self._clean_as)
         finally:
             store, self._store = self._store, None
             if store is not None and store is not self.url:

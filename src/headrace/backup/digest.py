@@ -1,0 +1,66 @@
+"""The content hash of a backed-up file: SHA-256 over the SHA-256 digests of its chunks.
+
+CRC32 checks transfers (a chunk's bytes arrived as they were sent); it cannot decide that two
+files are *equal*. A file that ends with the little-endian CRC32 of its preceding bytes (the
+spine catalog ``checkpoints.headrace`` has this layout) always has the same whole-file CRC32,
+the CRC residue 0x2144DF1C, so two such files of equal size always "match" by size + CRC32.
+Host affinity (restore) and the diff (backup) therefore compare this hash.
+
+The file hash is defined over the file's chunks as the index lists them (``FileIndex.blobs``:
+byte ranges [offset, offset + size)): ``sha256(sha256(chunk_0) || sha256(chunk_1) || ...)``,
+64 lowercase hex digits. Chunks are hashed where their bytes already are (in memory, on the
+upload workers, in parallel); the file hash needs only the 32-byte chunk digests. A file with
+no chunks (empty) hashes to ``sha256(b"")``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+
+from headrace.codec import crc32
+
+_READ = 8 << 20
+
+
+def chunk_digest(data: bytes | bytearray | memoryview) -> bytes:
+    """SHA-256 of one chunk (hashlib releases the GIL for large buffers)."""
+    return hashlib.sha256(data).digest()
+
+
+def content_hash(chunk_digests: Iterable[bytes]) -> str:
+    """The file hash from its chunks' digests, in file order."""
+    h = hashlib.sha256()
+    for d in chunk_digests:
+        h.update(d)
+    return h.hexdigest()
+
+
+def local_file_digests(path: str, chunks: Iterable[tuple[int, int]]) -> tuple[int, str]:
+    """(crc32, content hash) of a local file read as the given (offset, size) chunks, which
+    cover it contiguously from 0 (callers compare the file's size first: bytes past the last
+    chunk are not read). One pass; a file shorter than the chunks say gives a hash that matches
+    nothing (its last chunks are hashed short)."""
+    chunks = list(chunks)
+    value = 0
+    digests = []
+    buf = bytearray(min(_READ, max((s for _, s in chunks), default=0)) or 1)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, size in chunks:
+            h = hashlib.sha256()
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [view[:min(len(buf), size - done)]], offset + done)
+                if n == 0:
+                    break
+                part = view[:n]
+                h.update(part)
+                value = crc32(part, value)
+                done += n
+            digests.append(h.digest())
+    finally:
+        os.close(fd)
+    return value, content_hash(digests)
