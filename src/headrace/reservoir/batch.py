@@ -8,9 +8,11 @@ itself), so big writers upload in parallel; what is left when the batch commits 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 
 import numpy as np
 
+from headrace.codec import crc32
 from headrace.reservoir.formats.datafile import BlobFileWriter
 from headrace.reservoir.inflight import FileRef
 from headrace.reservoir.options import PageNotFound, ReservoirOptions
@@ -28,6 +30,32 @@ def check_page_id(page_id: object) -> int:
     if not -(1 << 63) <= pid < (1 << 63):
         raise ValueError(f"page id {pid} does not fit an i64")
     return pid
+
+
+def check_page_run(page_ids, data, sizes) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    """Validate a bulk write: i64 page ids, non-negative sizes that add up to ``data``."""
+    ids = np.asarray(page_ids)
+    if ids.ndim != 1 or (len(ids) and ids.dtype.kind not in "iu"):
+        raise TypeError(f"page ids must be a 1-d array of ints, got {ids.dtype} x {ids.shape}")
+    if ids.dtype.kind == "u" and len(ids) and int(ids.max()) >= 1 << 63:
+        raise ValueError("a page id does not fit an i64")
+    ids = ids.astype(np.int64, copy=False)
+    sizes = np.asarray(sizes)
+    if sizes.shape != ids.shape or (len(sizes) and sizes.dtype.kind not in "iu"):
+        raise ValueError(f"sizes must be {len(ids)} ints, one per page id")
+    sizes = sizes.astype(np.int64, copy=False)
+    src = memoryview(data).cast("B")
+    if len(sizes) and int(sizes.min()) < 0:
+        raise ValueError("a page size is negative")
+    if int(sizes.sum()) != len(src):
+        raise ValueError(f"page sizes add up to {int(sizes.sum())} bytes, data has {len(src)}")
+    return ids, sizes, src
+
+
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
 
 
 def read_loc(loc: Loc) -> bytes | None:
@@ -63,6 +91,39 @@ class PageBatch:
         self.deleted.discard(pid)
         if self.cur.writer.is_full():
             self._ship()
+
+    def write_many(self, page_ids, data, sizes) -> None:
+        """Pages laid end to end in ``data`` (``sizes[i]`` bytes each), as ``write`` of each in
+        order (a later copy of a page id wins), but vectorised: one copy per file's run of
+        pages, one C call per page for its CRC32, bookkeeping by numpy and dict.update."""
+        ids, sizes, src = check_page_run(page_ids, data, sizes)
+        if self.opts.pad_to_block:  # padded layout: each page starts on a block boundary
+            offs = _starts(sizes).tolist()
+            for pid, off, size in zip(ids.tolist(), offs, sizes.tolist(), strict=True):
+                self.write(pid, src[off:off + size])
+            return
+        n = len(ids)
+        offs = _starts(sizes)
+        crcs = np.fromiter(map(crc32, map(src.__getitem__, map(slice, offs.tolist(),
+                                                                (offs + sizes).tolist()))),
+                           np.uint32, n)
+        i = 0
+        while i < n:
+            w = self.cur.writer
+            k = w.fit_count(sizes[i:])
+            if k == 0:
+                self._ship()
+                continue
+            j = i + k
+            rel = w.add_many(ids[i:j], offs[i:j], sizes[i:j], crcs[i:j], src)
+            locs = zip(repeat(self.cur, k), rel.tolist(), sizes[i:j].tolist(),
+                       crcs[i:j].tolist(), strict=True)
+            self.pages.update(zip(ids[i:j].tolist(), locs, strict=True))
+            i = j
+            if w.is_full():
+                self._ship()
+        if self.deleted:
+            self.deleted.difference_update(ids.tolist())
 
     def delete(self, page_id: int) -> None:
         pid = check_page_id(page_id)

@@ -83,6 +83,11 @@ class PageRunWriter:
         self._check_open()
         self._batch.write(page_id, data)
 
+    def write_many(self, page_ids, data, sizes) -> None:
+        """As Session.write_many: pages laid end to end in ``data``."""
+        self._check_open()
+        self._batch.write_many(page_ids, data, sizes)
+
     def delete(self, page_id: int) -> None:
         self._check_open()
         self._batch.delete(page_id)
@@ -97,7 +102,7 @@ class PageRunWriter:
             fid = RUN_BIT | (secrets.randbits(62) or 1)
             key = data_key(self.prefix, fid)
             try:
-                DEFAULT_RETRY.call(lambda k=key: self.store.put(k, enc.data, CREATE),
+                DEFAULT_RETRY.call(lambda k=key: self.store.put(k, enc.parts, CREATE),
                                    what=f"upload {key}")
             except AlreadyExists:
                 if self.store.get(key).data == enc.data:  # our own put, reply lost and retried

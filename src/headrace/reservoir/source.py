@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import zlib
-
-from headrace.codec import crc64
+from headrace.codec import crc32, crc64
 from headrace.errors import ChecksumMismatch
 from headrace.reservoir.cache import LocalCache
 from headrace.reservoir.keys import bundle_id, data_key
@@ -25,19 +23,21 @@ class PageSource:
         if cache_dir is not None:
             self.cache = LocalCache(cache_dir, store, options, self.key, name=name)
         self.range_gets = 0
+        # read(file_id, file_size, file_crc64, off, size, crc32) -> bytes. Bound once, not
+        # dispatched per call: a cached page read costs ~1 µs and a wrapper call ~0.25 µs.
+        self.read = self.cache.read_page if self.cache is not None else self._read_range
 
     def key(self, file_id: int) -> str:
         return data_key(self.prefix, file_id)
 
-    def read(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
-             crc: int) -> bytes:
-        if self.cache is not None:
-            return self.cache.read_page(file_id, file_size, file_crc, off, size, crc)
+    def _read_range(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
+                    crc: int) -> bytes:
+        """No cache: one ranged GET per page read."""
         key = self.key(file_id)
         self.range_gets += 1
         data = self.retry.call(lambda: self.store.get_range(key, off, off + size),
                                what=f"get_range {key}")
-        actual = zlib.crc32(data)
+        actual = crc32(data)
         if len(data) != size or actual != crc:
             raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size})",
                                    expected=crc, actual=actual)

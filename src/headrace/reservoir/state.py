@@ -15,6 +15,8 @@ from headrace.reservoir.formats.checkpoint import CheckpointData
 from headrace.reservoir.formats.registry import Registry
 from headrace.reservoir.keys import BUNDLE_BIT
 
+HOT_PAGE_TABLE_ENTRIES = 1 << 16  # memoised page lookups per State
+
 
 @dataclass(frozen=True)
 class FileRow:
@@ -77,6 +79,7 @@ class State:
     deleted_files: dict[int, int] = field(default_factory=dict)  # file id -> deleted-at version
     registry: Registry = field(default_factory=Registry.empty)
     _views: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _hot: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -84,9 +87,13 @@ class State:
     def lookup(self, page_id: int) -> tuple[int, int, int, int] | None:
         """(file id, offset, size, crc32) of a page, or None.
 
-        A binary search over memoryviews of the columns: no copy, and no numpy scalar
-        overhead on the per-read hot path.
+        A State never changes after it is built (a checkpoint makes a new one), so lookups are
+        memoised in a bounded hot-page table (a dict get, ~50 ns); a miss is a binary search
+        over memoryviews of the columns (~0.6 µs at 1M pages: no copy, no numpy scalars).
         """
+        hit = self._hot.get(page_id)
+        if hit is not None:
+            return hit
         views = self._views
         if views is None:
             views = self._views = tuple(memoryview(np.ascontiguousarray(a)) for a in (
@@ -94,7 +101,11 @@ class State:
         ids = views[0]
         i = bisect_left(ids, page_id)
         if i < len(ids) and ids[i] == page_id:
-            return views[1][i], views[2][i], views[3][i], views[4][i]
+            hit = (views[1][i], views[2][i], views[3][i], views[4][i])
+            if len(self._hot) >= HOT_PAGE_TABLE_ENTRIES:
+                self._hot.clear()  # cheap bound (~12 MB); hot pages come back on next read
+            self._hot[page_id] = hit
+            return hit
         return None
 
     def contains_many(self, page_ids: np.ndarray) -> np.ndarray:

@@ -6,12 +6,11 @@ data file fully and checks its structure against the checkpoint that references 
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from headrace.codec import crc64
+from headrace.codec import crc32, crc64
 from headrace.errors import ChecksumMismatch, FormatError, HeadraceError
 from headrace.reservoir.formats import datafile
 from headrace.reservoir.keys import data_key, stream_prefix
@@ -88,9 +87,9 @@ def verify_stream(store: ObjectStore, stream: str = "default", version: int | No
             for off, size, crc in zip(state.offs[rows].tolist(), state.sizes[rows].tolist(),
                                       state.crcs[rows].tolist(), strict=True):
                 page = memoryview(buf)[off:off + size]
-                if len(page) != size or zlib.crc32(page) != crc:
+                if len(page) != size or crc32(page) != crc:
                     raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size})",
-                                           expected=crc, actual=zlib.crc32(page))
+                                           expected=crc, actual=crc32(page))
             rep.pages += len(rows)
         except HeadraceError as e:
             rep.problems.append(str(e))

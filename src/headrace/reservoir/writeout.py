@@ -20,7 +20,7 @@ from headrace.reservoir.inflight import FileRef
 from headrace.reservoir.keys import bundle_id, checkpoint_key, registry_key
 from headrace.reservoir.options import ConcurrentWriter
 from headrace.reservoir.state import NewFile, PageChanges
-from headrace.store import CREATE, OVERWRITE, IfMatch
+from headrace.store import CREATE, OVERWRITE, IfMatch, payload_bytes, payload_size
 
 if TYPE_CHECKING:
     from headrace.reservoir.storage import ReservoirStorage
@@ -92,7 +92,7 @@ def write_checkpoint(s: ReservoirStorage) -> int:
 
     if bundle:
         enc = encode_bundle(mw, lambda crc, end, _offs: build(crc, end))
-        obj = enc.data
+        obj = enc.parts  # written with a gather put: the page area is not copied
         key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=True)
     else:
         section, reg_bytes = build(0, 0)
@@ -122,18 +122,18 @@ def write_checkpoint(s: ReservoirStorage) -> int:
     except Exception as e:  # noqa: BLE001 - cleanup is retried by the next checkpoint/open
         log.warning("cleanup after checkpoint %d failed (will be retried): %s", v, e)
     log.debug("checkpoint %d: %d pages changed, bundle=%s, %d bytes", v, len(changes.ids),
-              bundle, len(obj))
+              bundle, payload_size(obj))
     return v
 
 
-def _commit(s: ReservoirStorage, key: str, obj: bytes, reg: regfmt.Registry) -> int:
+def _commit(s: ReservoirStorage, key: str, obj, reg: regfmt.Registry) -> int:
     """The commit PUT(s). Returns how many PUTs it took."""
     store, retry = s.store, s.retry
     if s.bundled_registry:
         try:
             retry.call(lambda: store.put(key, obj, CREATE), what=f"put {key}")
         except AlreadyExists:
-            if store.get(key).data != obj:  # not our own put whose reply was lost
+            if store.get(key).data != payload_bytes(obj):  # not our own put, reply lost
                 raise ConcurrentWriter(f"checkpoint {key!r} was written by another writer") \
                     from None
         return 1

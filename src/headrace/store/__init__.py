@@ -11,7 +11,11 @@ from headrace.store.base import (
     ObjectMeta,
     ObjectStore,
     Overwrite,
+    Payload,
     PutMode,
+    payload_bytes,
+    payload_size,
+    payload_views,
     validate_key,
 )
 from headrace.store.counting import S3_STANDARD, CountingStore, PriceTable
@@ -25,6 +29,7 @@ __all__ = [
     "CREATE", "OVERWRITE", "AlreadyExists", "Capabilities", "CountingStore", "Create",
     "FaultyStore", "GetResult", "IfMatch", "InjectedFault", "InvalidKey", "LocalStore",
     "MemoryStore", "NotFound", "ObjectMeta", "ObjectStore", "Overwrite", "PrefixedStore",
-    "PreconditionFailed", "PriceTable", "PutMode", "S3_STANDARD", "StoreError", "open_store",
+    "Payload", "PreconditionFailed", "PriceTable", "PutMode", "payload_bytes", "payload_size",
+    "payload_views", "S3_STANDARD", "StoreError", "open_store",
     "validate_key",
 ]

@@ -61,6 +61,32 @@ class Capabilities:
     local_path: bool = False  # keys map to files a process can mmap
 
 
+#: What ``put`` writes: one bytes-like object, or a list/tuple of them written as their
+#: concatenation. The sequence form is a gather write: a data file's small header and its large
+#: page area go out without first being joined into one buffer (a 64 MiB copy per file).
+Payload = bytes | bytearray | memoryview | list | tuple
+
+
+def payload_views(data: Payload) -> list[memoryview]:
+    """The parts of a payload as flat byte views (no copy)."""
+    if isinstance(data, list | tuple):
+        return [memoryview(p).cast("B") for p in data]
+    return [memoryview(data).cast("B")]
+
+
+def payload_size(data: Payload) -> int:
+    if isinstance(data, list | tuple):
+        return sum(memoryview(p).nbytes for p in data)
+    return memoryview(data).nbytes
+
+
+def payload_bytes(data: Payload):
+    """One contiguous bytes-like object (joins, i.e. copies, only a multi-part payload)."""
+    if isinstance(data, list | tuple):
+        return data[0] if len(data) == 1 else b"".join(data)
+    return data
+
+
 _BAD_CHARS = re.compile(r"[\x00-\x1f\\]")
 _RESERVED_PREFIX = ".hr"  # temp files and lock files of the local store live under these names
 
@@ -112,8 +138,9 @@ class ObjectStore(abc.ABC):
     def head(self, key: str) -> ObjectMeta: ...
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes | bytearray | memoryview, mode: PutMode = OVERWRITE) -> str:
-        """Write the whole object; returns its new etag."""
+    def put(self, key: str, data: Payload, mode: PutMode = OVERWRITE) -> str:
+        """Write the whole object (``data``, or the concatenation of a list/tuple of parts);
+        returns its new etag."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:

@@ -6,7 +6,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from headrace.store.base import OVERWRITE, GetResult, ObjectMeta, ObjectStore, PutMode
+from headrace.store.base import (
+    OVERWRITE,
+    GetResult,
+    ObjectMeta,
+    ObjectStore,
+    PutMode,
+    payload_size,
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,7 @@ class CountingStore(ObjectStore):
         return self.inner.head(key)
 
     def put(self, key: str, data, mode: PutMode = OVERWRITE) -> str:
-        self._add("put", bytes_in=memoryview(data).nbytes)
+        self._add("put", bytes_in=payload_size(data))
         return self.inner.put(key, data, mode)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:

@@ -39,6 +39,7 @@ from headrace.store.base import (
     ObjectStore,
     PutMode,
     check_range,
+    payload_views,
     validate_key,
     validate_prefix,
 )
@@ -168,10 +169,10 @@ class LocalStore(ObjectStore):
             # write and fsync outside the lock: the lock only covers check + rename
             fd = self._create_temp(key, parent, tmp)
             try:
-                view = memoryview(data).cast("B")
-                written = 0
-                while written < len(view):
-                    written += os.write(fd, view[written : written + (1 << 30)])
+                for view in payload_views(data):  # a gather write: parts are not joined
+                    written = 0
+                    while written < len(view):
+                        written += os.write(fd, view[written : written + (1 << 30)])
                 # stamp the file with a fine-grained mtime: with the inode number it makes the
                 # etag unique per write even where the kernel keeps coarse (jiffy) timestamps
                 # and reuses a freed inode at once (an ABA that would let a stale IfMatch win)

@@ -18,6 +18,7 @@ from headrace.store.base import (
     ObjectStore,
     PutMode,
     check_range,
+    payload_bytes,
     validate_key,
     validate_prefix,
 )
@@ -56,7 +57,7 @@ class MemoryStore(ObjectStore):
 
     def put(self, key: str, data, mode: PutMode = OVERWRITE) -> str:
         validate_key(key)
-        payload = bytes(data)
+        payload = bytes(payload_bytes(data))
         with self._lock:
             current = self._objects.get(key)
             if isinstance(mode, Create) and current is not None:

@@ -26,6 +26,7 @@ from headrace.store.base import (
     ObjectStore,
     PutMode,
     check_range,
+    payload_bytes,
     validate_key,
     validate_prefix,
 )
@@ -112,7 +113,8 @@ class ObstoreStore(ObjectStore):
         else:
             om = "overwrite"
         with self._errors(key, mode):
-            res = obstore.put(self._s, key, memoryview(data), mode=om, use_multipart=False)
+            res = obstore.put(self._s, key, memoryview(payload_bytes(data)), mode=om,
+                              use_multipart=False)
         return res.get("e_tag") or ""
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:

@@ -18,6 +18,19 @@ class StoreTests:
         assert res.etag == etag
         assert store.head("a/b/c.bin").size == 5
 
+    def test_put_parts_writes_their_concatenation(self, store: ObjectStore):
+        big = bytes(range(256)) * 4096
+        parts = [b"head", memoryview(big)[3:], bytearray(b""), b"tail"]
+        etag = store.put("parts/obj", parts, CREATE)
+        res = store.get("parts/obj")
+        assert res.data == b"head" + big[3:] + b"tail"
+        assert res.etag == etag
+        assert store.head("parts/obj").size == 8 + len(big) - 3
+        with pytest.raises(AlreadyExists):
+            store.put("parts/obj", (b"x",), CREATE)
+        store.put("parts/obj", (b"only",), IfMatch(etag))
+        assert store.get("parts/obj").data == b"only"
+
     def test_empty_object(self, store: ObjectStore):
         store.put("empty", b"")
         assert store.get("empty").data == b""

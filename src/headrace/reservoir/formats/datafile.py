@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from array import array
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,15 +56,28 @@ class DataHeader:
 
 @dataclass(frozen=True)
 class EncodedFile:
-    """A finalized data file: its bytes and where each page landed (absolute offsets)."""
+    """A finalized data file: its bytes and where each page landed (absolute offsets).
 
-    data: bytes
+    The bytes are kept as ``parts`` (header + index, the writer's page area, a bundle's tail):
+    stores write them with a gather write, so the 64 MiB page area is never copied into a
+    joined buffer. ``data`` joins them for the rare caller that needs one buffer.
+    """
+
+    parts: tuple
     page_ids: np.ndarray  # i64
     offsets: np.ndarray  # u32, absolute
     sizes: np.ndarray  # u32
     crc32s: np.ndarray  # u32
     data_end: int  # bytes covered by crc64 (whole file, or up to the checkpoint in a bundle)
     crc64: int
+
+    @cached_property
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) for p in self.parts)
 
 
 class BlobFileWriter:
@@ -81,7 +95,7 @@ class BlobFileWriter:
         self.rel_offsets = array("I")
         self.sizes = array("I")
         self.crcs = array("I")
-        self.data = bytearray()
+        self.data: bytearray | memoryview = bytearray()  # a memoryview only when adopted
         self.encoded: EncodedFile | None = None
 
     def __len__(self) -> int:
@@ -104,6 +118,16 @@ class BlobFileWriter:
             return self.projected_size(1, size) <= self.max_file_size
         return HEADER_SIZE + 12 * n + 16 + len(self.data) + size <= self.max_file_size
 
+    def fit_count(self, sizes: np.ndarray) -> int:
+        """How many of the next pages (of ``sizes``, in order) fit, as ``fits`` would decide
+        one by one; an empty writer always takes the first. Unpadded layout only."""
+        if not len(sizes):
+            return 0
+        t = np.arange(len(sizes), dtype=np.int64)
+        need = HEADER_SIZE + 12 * (len(self.ids) + t) + 16 + len(self.data) + np.cumsum(sizes)
+        k = int(np.searchsorted(need > self.max_file_size, True))  # need is increasing
+        return max(k, 1) if not len(self.ids) else k
+
     def is_full(self) -> bool:
         if self.pad:
             return self.projected_size() >= self.max_file_size
@@ -114,6 +138,7 @@ class BlobFileWriter:
         if self.encoded is not None:
             raise RuntimeError("BlobFileWriter already finalized")
         mv = memoryview(data).cast("B")
+        self._own()
         if self.pad and len(self.data) % self.block:
             self.data.extend(bytes(self.block - len(self.data) % self.block))
         rel = len(self.data)
@@ -151,8 +176,15 @@ class BlobFileWriter:
         breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + sizes[:-1]) + 1
         starts = np.concatenate(([0], breaks))
         ends = np.concatenate((breaks, [n]))
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            self.data += src[offsets[s]:offsets[e - 1] + sizes[e - 1]]
+        if base == 0 and len(starts) == 1 and type(src.obj) is bytes:
+            # one contiguous run from an immutable bytes object into an empty writer: adopt a
+            # read-only view of it instead of copying (the file's page area IS the caller's
+            # bytes; a later append copies it first, see _own)
+            self.data = src[offsets[0]:offsets[n - 1] + sizes[n - 1]]
+        else:
+            self._own()
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                self.data += src[offsets[s]:offsets[e - 1] + sizes[e - 1]]
         if len(self.data) > 0xFFFFFFFF:
             raise ValueError("pages do not fit the u32 offsets of a data file")
         self.ids.frombytes(np.ascontiguousarray(ids, np.int64).tobytes())
@@ -160,6 +192,11 @@ class BlobFileWriter:
         self.sizes.frombytes(sizes.astype(np.uint32).tobytes())
         self.crcs.frombytes(np.ascontiguousarray(crcs, np.uint32).tobytes())
         return rel.astype(np.uint32)
+
+    def _own(self) -> None:
+        """Make the page area a bytearray this writer owns before appending to it."""
+        if not isinstance(self.data, bytearray):
+            self.data = bytearray(self.data)
 
     def data_offset(self) -> int:
         """Where the page data will start in the file, given the pages so far."""
@@ -185,8 +222,7 @@ class BlobFileWriter:
             raise ValueError("data file larger than the u32 offsets allow")
         return data_offset, abs_offsets
 
-    def _encode(self, flags: int, ckpt_off: int, reg_off: int, footer_off: int,
-                tail: bytes = b"") -> EncodedFile:
+    def _encode(self, flags: int, ckpt_off: int, reg_off: int, footer_off: int) -> EncodedFile:
         n = len(self.ids)
         data_offset, abs_offsets = self._layout()
         offsets_offset = HEADER_SIZE + 8 * n
@@ -194,16 +230,14 @@ class BlobFileWriter:
                               ckpt_off, reg_off, footer_off)
         ids = np.frombuffer(self.ids, np.int64) if n else np.zeros(0, np.int64)
         pad = bytes(data_offset - (offsets_offset + 4 * (n + 1)))
-        body = b"".join((header, ids.tobytes(), abs_offsets.astype("<u4").tobytes(), pad,
-                         self.data))
-        data_end = len(body)
-        file_bytes = body + tail if tail else body
+        head = b"".join((header, ids.tobytes(), abs_offsets.astype("<u4").tobytes(), pad))
+        body = memoryview(self.data)  # no copy; the writer is finalized, so it never grows again
         enc = EncodedFile(
-            data=file_bytes, page_ids=ids.copy(), offsets=abs_offsets[:n].astype(np.uint32),
+            parts=(head, body), page_ids=ids.copy(), offsets=abs_offsets[:n].astype(np.uint32),
             sizes=np.frombuffer(self.sizes, np.uint32).copy() if n else np.zeros(0, np.uint32),
             crc32s=np.frombuffer(self.crcs, np.uint32).copy() if n else np.zeros(0, np.uint32),
-            data_end=data_end,
-            crc64=crc64(file_bytes if data_end == len(file_bytes) else file_bytes[:data_end]),
+            data_end=len(head) + len(body),
+            crc64=crc64(body, crc64(head)),  # a running CRC over the parts: no join
         )
         self.encoded = enc
         return enc
@@ -228,7 +262,7 @@ def encode_bundle(writer: BlobFileWriter, make_tail) -> EncodedFile:
     ckpt, reg = make_tail(final.crc64, data_end, final.offsets)
     if len(ckpt) != len(ckpt_probe) or len(reg) != len(reg_probe):
         raise AssertionError("bundle tail changed size with the data CRC")
-    enc = EncodedFile(final.data + ckpt + reg, final.page_ids, final.offsets, final.sizes,
+    enc = EncodedFile(final.parts + (ckpt, reg), final.page_ids, final.offsets, final.sizes,
                       final.crc32s, data_end, final.crc64)
     writer.encoded = enc
     return enc
