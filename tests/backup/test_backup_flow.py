@@ -311,3 +311,51 @@ def test_names_an_index_could_not_hold_are_refused_at_backup(tmp_path):
     with BackupManager(LocalStore(tmp_path / "s"), config=CFG) as bm, \
             pytest.raises(InvalidInput, match="control characters"):
         bm.upload(src, "c1")
+
+
+def test_restore_fsyncs_every_file_and_directory_before_the_swap(tmp_path, monkeypatch):
+    """Durability: every restored file (data, mode, mtime) and every directory is fsynced
+    before the staging folder is renamed over the target; modes without read permission
+    (0o200, 0o000: backed up as root, which reads any file) are restored too."""
+    from headrace.backup import restore as restore_module
+
+    src = tmp_path / "src"
+    write_tree(src, sample_tree())
+    modes = (0o200, 0o000) if os.geteuid() == 0 else (0o400, 0o444)
+    os.chmod(src / "000002.sst", modes[0])
+    os.chmod(src / "sub" / "a.sst", modes[1])
+    store = LocalStore(tmp_path / "store")
+    with BackupManager(store, config=CFG) as bm:
+        index_id = bm.upload(src, "c1")
+    synced: list[str] = []
+    real_fsync, real_rename = os.fsync, os.rename
+    renamed_after: list[int] = []
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def rename(a, b):
+        if ".hr-restore-" in str(a):
+            renamed_after.append(len(synced))
+        real_rename(a, b)
+
+    monkeypatch.setattr(restore_module.os, "fsync", fsync)
+    monkeypatch.setattr(restore_module.os, "rename", rename)
+    try:
+        with RestoreManager(store, config=CFG) as rm:
+            rm.restore(index_id, tmp_path / "dst")
+    finally:
+        monkeypatch.undo()
+    staged = {p.split(".hr-restore-", 1)[1].partition("/")[2]
+              for p in synced[:renamed_after[0]] if ".hr-restore-" in p}
+    want_files = {str(p.relative_to(src)) for p in src.rglob("*") if p.is_file()}
+    want_dirs = {str(p.relative_to(src)) for p in src.rglob("*") if p.is_dir()} | {""}
+    assert want_files | want_dirs <= staged
+    assert str(tmp_path) in synced[renamed_after[0]:]  # then the parent, after the swap
+    dst = tmp_path / "dst"
+    assert (dst / "000002.sst").stat().st_mode & 0o777 == modes[0]
+    assert (dst / "sub" / "a.sst").stat().st_mode & 0o777 == modes[1]
+    for p in (src / "000002.sst", src / "sub" / "a.sst", dst / "000002.sst", dst / "sub/a.sst"):
+        os.chmod(p, 0o644)
+    assert read_tree(dst) == read_tree(src)

@@ -47,6 +47,8 @@ class BackupManager:
         self._differ = DirDiffer(self.config)
         self._pool = ThreadPoolExecutor(self.config.upload_workers,
                                         thread_name_prefix="headrace-backup-upload")
+        self._hash_pool = ThreadPoolExecutor(min(self.config.upload_workers, os.cpu_count() or 1),
+                                             thread_name_prefix="headrace-backup-hash")
         self._lock = threading.Lock()
         self._closed = False
         self._prev_id: str | None = None
@@ -142,6 +144,7 @@ class BackupManager:
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._hash_pool.shutdown(wait=True, cancel_futures=True)
         if self._owns_store:
             self.store.close()
 
@@ -186,13 +189,18 @@ class BackupManager:
                         ) -> list[tuple[str, FileBlob, bytes]]:
             parts = [_read_exact(f, off, size) for f, off, size in task]
             data = parts[0] if len(parts) == 1 else b"".join(parts)
-            blob_id = self.blobs.put_blob(data)
+            # checksums and content hashes (SHA-256: the CPU-heavy part) are computed on the
+            # hash pool while this worker waits for the put (on the local store: write + fsync)
+            sums = self._hash_pool.submit(_checksums, parts)
+            try:
+                blob_id = self.blobs.put_blob(data)
+            finally:
+                checksums = sums.result()  # ``parts`` stay untouched until both are done
             out = []
             pos = 0
             finished = 0
-            for (f, off, size), part in zip(task, parts, strict=True):
-                out.append((f.rel, FileBlob(blob_id, off, size, crc32(part), pos),
-                            chunk_digest(part)))
+            for (f, off, size), (value, digest) in zip(task, checksums, strict=True):
+                out.append((f.rel, FileBlob(blob_id, off, size, value, pos), digest))
                 pos += size
                 with remaining_lock:
                     remaining[f.rel] -= 1
@@ -227,6 +235,11 @@ class BackupManager:
     def last_committed(self) -> str | None:
         """The index id this manager diffs against (the last one cleaned up)."""
         return self._prev_id
+
+
+def _checksums(parts: list[bytes]) -> list[tuple[int, bytes]]:
+    """(crc32, SHA-256 digest) of each part (both release the GIL)."""
+    return [(crc32(p), chunk_digest(p)) for p in parts]
 
 
 def _read_exact(f: LocalFile, offset: int, size: int) -> bytes:
