@@ -6,7 +6,7 @@ as it always does; the restore fsyncs too. copytree does not fsync (it copies pa
 cache), so two like-for-like figures are added: ``*_vs_copytree_fsync`` (copytree followed by an
 fsync of every file and folder it wrote: the same durability on both sides) and
 ``*_vs_copytree_nofsync_store`` (headrace on LocalStore(fsync=False), restoring with fsync=False,
-vs plain copytree: no durability on either side). Backup computes a crc32 and a SHA-256 of every
+vs plain copytree: no durability on either side). Backup computes a crc32 and a BLAKE3 of every
 byte (the content hash host affinity compares); restore checks every chunk's crc32.
 ``durable_copy_ceiling_vs_copytree``: copytree followed by fsyncs from 16 threads (the fastest
 durable copy we know, measured last in each round) ÷ plain copytree: no durable copy, headrace
@@ -17,7 +17,7 @@ or other, can reach a higher ratio to plain copytree on the machine of the run.
 (b) incremental backup after replacing 5% of the files (an LSM compaction writes new files):
     bytes uploaded (CountingStore, index included) ÷ bytes changed;
 (c) restore into a directory that already equals the snapshot: seconds and GETs (default check:
-    size + content hash (SHA-256) + crc32 of every local file; ``_mtime`` figures: size + mtime,
+    size + content hash (BLAKE3) + crc32 of every local file; ``_mtime`` figures: size + mtime,
     no file read).
 """
 

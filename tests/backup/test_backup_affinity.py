@@ -12,6 +12,7 @@ import os
 import zlib
 
 from backup_testlib import read_tree, sample_tree, write_tree
+from blake3 import blake3
 
 from headrace.backup import BackupConfig, BackupManager, RestoreManager, decode_index
 from headrace.backup.digest import chunk_digest, content_hash, local_file_digests
@@ -106,6 +107,8 @@ def test_every_present_file_has_its_content_hash(tmp_path):
         data = (src / rel).read_bytes()
         chunks = [data[b.offset:b.offset + b.size] for b in f.blobs]
         assert f.content_hash == content_hash(chunk_digest(c) for c in chunks)
+        # the definition in docs/formats/backup-index.md, computed independently
+        assert f.content_hash == blake3(b"".join(blake3(c).digest() for c in chunks)).hexdigest()
         assert local_file_digests(str(src / rel), [(b.offset, b.size) for b in f.blobs]) == (
             zlib.crc32(data), f.content_hash)
     multi = next(f for _, f in index.dir_index.walk_files() if len(f.blobs) > 1)

@@ -188,12 +188,11 @@ class BackupManager:
         def upload_blob(task: list[tuple[LocalFile, int, int]]
                         ) -> list[tuple[str, FileBlob, bytes]]:
             parts = [_read_exact(f, off, size) for f, off, size in task]
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
-            # checksums and content hashes (SHA-256: the CPU-heavy part) are computed on the
+            # checksums and content hashes (BLAKE3: the CPU-heavy part) are computed on the
             # hash pool while this worker waits for the put (on the local store: write + fsync)
             sums = self._hash_pool.submit(_checksums, parts)
             try:
-                blob_id = self.blobs.put_blob(data)
+                blob_id = self.blobs.put_blob(parts)  # a gather put: packed files not joined
             finally:
                 checksums = sums.result()  # ``parts`` stay untouched until both are done
             out = []
@@ -205,7 +204,7 @@ class BackupManager:
                 with remaining_lock:
                     remaining[f.rel] -= 1
                     finished += remaining[f.rel] == 0
-            tracker.add(files=finished, nbytes=len(data))
+            tracker.add(files=finished, nbytes=pos)
             return out
 
         futures = [self._pool.submit(upload_blob, task) for task in tasks]
@@ -238,7 +237,7 @@ class BackupManager:
 
 
 def _checksums(parts: list[bytes]) -> list[tuple[int, bytes]]:
-    """(crc32, SHA-256 digest) of each part (both release the GIL)."""
+    """(crc32, BLAKE3 digest) of each part (both release the GIL)."""
     return [(crc32(p), chunk_digest(p)) for p in parts]
 
 

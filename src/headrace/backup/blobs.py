@@ -57,8 +57,9 @@ class BlobStore:
         return f"{new_ulid(self.clock)}-{self.clock.now_ms() + self.ttl_ms}"
 
     # -- verbs -----------------------------------------------------------------------------------
-    def put_blob(self, data: bytes | bytearray | memoryview) -> str:
-        """Upload one chunk under a fresh id (overwrite is safe: the key is new, retries reuse it)."""
+    def put_blob(self, data) -> str:
+        """Upload one chunk (bytes-like, or a list of parts written as their concatenation) under
+        a fresh id (overwrite is safe: the key is new, retries reuse it)."""
         blob_id = self.new_blob_id()
         key = self.blob_key(blob_id)
         self.retry.call(lambda: self.store.put(key, data, OVERWRITE), what=f"put {key}")

@@ -31,7 +31,7 @@ class BackupConfig:
     crc_compare_below: int = 1 << 20
     verify_immutable_crc: bool = False  # compare every immutable file by content too
     # how restore decides a local file already equals the snapshot's: "content" reads it and
-    # compares size + content hash (SHA-256 over chunk digests) + crc32 (safe; "crc" is the old
+    # compares size + content hash (BLAKE3 over chunk digests) + crc32 (safe; "crc" is the old
     # name of the same check, kept as an alias); "mtime" compares size + mtime in ms (no read:
     # rsync's default check)
     affinity_check: str = "content"

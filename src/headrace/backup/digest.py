@@ -1,4 +1,4 @@
-"""The content hash of a backed-up file: SHA-256 over the SHA-256 digests of its chunks.
+"""The content hash of a backed-up file: BLAKE3 over the BLAKE3 digests of its chunks.
 
 CRC32 checks transfers (a chunk's bytes arrived as they were sent); it cannot decide that two
 files are *equal*. A file that ends with the little-endian CRC32 of its preceding bytes (the
@@ -7,17 +7,22 @@ the CRC residue 0x2144DF1C, so two such files of equal size always "match" by si
 Host affinity (restore) and the diff (backup) therefore compare this hash.
 
 The file hash is defined over the file's chunks as the index lists them (``FileIndex.blobs``:
-byte ranges [offset, offset + size)): ``sha256(sha256(chunk_0) || sha256(chunk_1) || ...)``,
+byte ranges [offset, offset + size)): ``blake3(blake3(chunk_0) || blake3(chunk_1) || ...)``,
 64 lowercase hex digits. Chunks are hashed where their bytes already are (in memory, on the
 upload workers, in parallel); the file hash needs only the 32-byte chunk digests. A file with
-no chunks (empty) hashes to ``sha256(b"")``.
+no chunks (empty) hashes to ``blake3(b"")``.
+
+BLAKE3 rather than SHA-256: both are cryptographic (equal hashes mean equal bytes even for
+crafted files), but BLAKE3 runs at ~4.7 GB/s per core here against SHA-256's ~1.1 GB/s, and
+the hash was ~half of a backup's CPU with SHA-256.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
+
+from blake3 import blake3
 
 from headrace.codec import crc32
 
@@ -25,13 +30,13 @@ _READ = 8 << 20
 
 
 def chunk_digest(data: bytes | bytearray | memoryview) -> bytes:
-    """SHA-256 of one chunk (hashlib releases the GIL for large buffers)."""
-    return hashlib.sha256(data).digest()
+    """BLAKE3-256 of one chunk (releases the GIL for large buffers)."""
+    return blake3(data).digest()
 
 
 def content_hash(chunk_digests: Iterable[bytes]) -> str:
     """The file hash from its chunks' digests, in file order."""
-    h = hashlib.sha256()
+    h = blake3()
     for d in chunk_digests:
         h.update(d)
     return h.hexdigest()
@@ -50,7 +55,7 @@ def local_file_digests(path: str, chunks: Iterable[tuple[int, int]]) -> tuple[in
     fd = os.open(path, os.O_RDONLY)
     try:
         for offset, size in chunks:
-            h = hashlib.sha256()
+            h = blake3()
             done = 0
             while done < size:
                 n = os.preadv(fd, [view[:min(len(buf), size - done)]], offset + done)

@@ -79,7 +79,7 @@ class FileIndex:
     size: int
     crc32: int
     mode: int  # permission bits (attribs.mode)
-    # SHA-256 over the chunks' SHA-256 digests (headrace.backup.digest): what host affinity and
+    # BLAKE3 over the chunks' BLAKE3 digests (headrace.backup.digest): what host affinity and
     # the diff compare. None only for files described by a schemaVersion 1 index (never by a
     # present file of an index this version writes): such a file is never taken as equal.
     content_hash: str | None = None

@@ -8,7 +8,7 @@ any point removes the staging folder and leaves the target as it was.
 Host affinity: a target that already equals the snapshot (same files, sizes and content hashes,
 same directories) is kept as is, with no file blob read; files of an existing target that match
 the snapshot are hard-linked into the staging folder instead of downloaded. The content hash
-(SHA-256 over chunk digests, see ``digest``) decides equality, never crc32 alone: files that end
+(BLAKE3 over chunk digests, see ``digest``) decides equality, never crc32 alone: files that end
 with their own crc32 all share one whole-file crc32. Files of a schemaVersion 1 index have no
 content hash and are always downloaded.
 """

@@ -20,7 +20,7 @@ Protocol of one micro-batch, per bucket:
    (idempotent) cleanup, so a driver crash between recording an index and ``finalize`` heals
    the next time the bucket is opened. ``expected=None`` wipes the directory: empty state.
 
-   Restore compares local files with the snapshot by size + content hash (SHA-256 over chunk
+   Restore compares local files with the snapshot by size + content hash (BLAKE3 over chunk
    digests), not by crc32 alone: the catalog ``checkpoints.headrace`` is rewritten in place and
    ends with its own little-endian crc32, so every catalog has the same whole-file crc32 (the
    CRC residue), and a stale catalog of the same size is still told apart and downloaded. Every
