@@ -22,7 +22,7 @@ from headrace.spark.kernels import ZSET_SCHEMA, DistinctKernel, W
 from headrace.spark.local_state import LocalBackupBucketState, finalize
 from headrace.spark.state import BucketState
 from headrace.spine.errors import StorageLocked
-from headrace.store import CountingStore, open_store
+from headrace.store import CountingStore, open_store, payload_size
 
 PIPE = "pipe"
 KEY = "op2-s1-b7"
@@ -49,7 +49,7 @@ class KeyLog(CountingStore):
         return super().get_range(key, start, end)
 
     def put(self, key, data, mode=None):
-        self.put_bytes[key] = memoryview(data).nbytes
+        self.put_bytes[key] = payload_size(data)
         return super().put(key, data) if mode is None else super().put(key, data, mode)
 
     def blob_gets(self) -> list[str]:
