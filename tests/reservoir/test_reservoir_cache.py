@@ -121,7 +121,7 @@ def test_storage_registers_new_files_and_retains_on_open(tmp_path):
         store.reset()
         assert st.read(3) == b"new"
         assert store.counts()["gets"] == 0
-        text = st.metrics_prometheus()
+        text = st.prometheus()
         assert 'headrace_reservoir_version{stream="default/v/default"} 3' in text
 
 

@@ -25,13 +25,16 @@ from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
 from headrace.backup.progress import ProgressCallback, ProgressTracker
 from headrace.codec import Clock, SystemClock, crc32
 from headrace.errors import HeadraceError, InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.store import ObjectStore, open_store
 
 log = logging.getLogger("headrace.backup")
 
 
-class BackupManager:
+class BackupManager(PrometheusExport):
     """Backs up one local directory (one store of one task) under ``prefix`` of an object store."""
+
+    metrics_prefix = "headrace_backup"
 
     def __init__(self, store_or_url: ObjectStore | str, *, prefix: str = "backup",
                  config: BackupConfig | None = None, clock: Clock | None = None,

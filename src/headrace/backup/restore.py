@@ -34,6 +34,7 @@ from headrace.backup.lifecycle import cleanup_snapshot
 from headrace.backup.progress import ProgressCallback, ProgressTracker
 from headrace.codec import Clock, SystemClock, crc32, new_ulid
 from headrace.errors import ChecksumMismatch, FormatError, HeadraceError, InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.store import ObjectStore, open_store
 
 log = logging.getLogger("headrace.backup")
@@ -68,7 +69,9 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
-class RestoreManager:
+class RestoreManager(PrometheusExport):
+    metrics_prefix = "headrace_restore"
+
     def __init__(self, store_or_url: ObjectStore | str, *, prefix: str = "backup",
                  config: BackupConfig | None = None, clock: Clock | None = None,
                  progress: ProgressCallback | None = None, fsync: bool = True):

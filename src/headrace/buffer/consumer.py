@@ -20,10 +20,10 @@ from headrace.buffer.types import (
     Fenced,
     ManifestEntry,
     OutOfOrderAck,
-    prometheus_text,
 )
 from headrace.codec import Clock, SystemClock
 from headrace.errors import HeadraceError
+from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
 from headrace.store import ObjectStore
 
@@ -59,7 +59,9 @@ def list_entries(store: ObjectStore, manifest_path: str, after_sequence: int | N
     return entries if max_batches is None else entries[:max_batches]
 
 
-class Consumer:
+class Consumer(PrometheusExport):
+    metrics_prefix = "headrace_buffer_consumer"
+
     def __init__(self, config: ConsumerConfig, clock: Clock | None = None):
         self.config = config
         self.clock = clock or SystemClock()
@@ -220,10 +222,6 @@ class Consumer:
     @property
     def epoch(self) -> int | None:
         return self._queue.epoch
-
-    def prometheus(self) -> str:
-        """``metrics()`` in Prometheus text format."""
-        return prometheus_text(self.metrics(), "headrace_buffer_consumer")
 
     def metrics(self) -> dict[str, float]:
         with self._lock:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from headrace.buffer.queue import read_manifest
 from headrace.codec import Clock, SystemClock, is_ulid, ulid_timestamp_ms
 from headrace.errors import StoreError
+from headrace.metrics import PrometheusExport
 from headrace.store import ObjectStore
 
 log = logging.getLogger("headrace.buffer.gc")
@@ -39,8 +40,10 @@ def batch_file_ulid(key: str, data_path_prefix: str) -> str | None:
     return name if "/" not in name and is_ulid(name) else None
 
 
-class GarbageCollector:
+class GarbageCollector(PrometheusExport):
     """Deletes orphaned batch files; ``run_once()`` or a background thread (``start()``)."""
+
+    metrics_prefix = "headrace_buffer_gc"
 
     def __init__(self, store: ObjectStore, *, manifest_path: str = "ingest/manifest",
                  data_path_prefix: str = "ingest", grace_period_s: float = 600.0,

@@ -25,9 +25,10 @@ import numpy as np
 from headrace.buffer.batch_format import COMPRESSIONS, encode_batch
 from headrace.buffer.config import ProducerConfig
 from headrace.buffer.queue import QueueProducer
-from headrace.buffer.types import Metadata, prometheus_text
+from headrace.buffer.types import Metadata
 from headrace.codec import Clock, SystemClock, new_ulid
 from headrace.errors import AlreadyExists, HeadraceError, InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
 from headrace.store import CREATE
 
@@ -83,8 +84,10 @@ class _Flush:
         self.done = threading.Event()
 
 
-class Producer:
+class Producer(PrometheusExport):
     """Accepts entries from any thread and makes them durable in batches."""
+
+    metrics_prefix = "headrace_buffer_producer"
 
     def __init__(self, config: ProducerConfig, clock: Clock | None = None):
         self.config = config
@@ -157,10 +160,6 @@ class Producer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def prometheus(self) -> str:
-        """``metrics()`` in Prometheus text format."""
-        return prometheus_text(self.metrics(), "headrace_buffer_producer")
 
     def metrics(self) -> dict[str, float]:
         with self._stats_lock:

@@ -58,9 +58,3 @@ class ConsumedBatch:
     location: str
     metadata: list[Metadata] = field(default_factory=list)
 
-
-def prometheus_text(metrics: dict, prefix: str) -> str:
-    """Numeric metrics as Prometheus text lines: ``{prefix}_{name} value``."""
-    lines = [f"{prefix}_{name} {int(v) if isinstance(v, bool) else v}"
-             for name, v in sorted(metrics.items()) if isinstance(v, int | float)]
-    return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from headrace.codec import Clock, SystemClock, new_ulid
 from headrace.errors import NotFound
+from headrace.metrics import PrometheusExport
 from headrace.persist import parts as P
 from headrace.persist.consensus import (
     DEFAULT_ROOT,
@@ -35,7 +36,9 @@ log = logging.getLogger("headrace.persist")
 DEFAULT_LEASE_S = 900.0
 
 
-class PersistClient:
+class PersistClient(PrometheusExport):
+    metrics_prefix = "headrace_persist_client"
+
     def __init__(self, store_or_url: ObjectStore | str, *, root: str = DEFAULT_ROOT,
                  clock: Clock | None = None, consensus: Consensus | None = None,
                  auto_compact_at: int | None = 64, compact_to: int = 16):

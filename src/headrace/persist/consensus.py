@@ -47,6 +47,7 @@ from headrace.errors import (
     PreconditionFailed,
     StoreError,
 )
+from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
 from headrace.store import CREATE, OVERWRITE, IfMatch, ObjectStore, open_store
 
@@ -112,7 +113,9 @@ def decode_seqno_object(data: bytes, key: str) -> int:
     return seqno
 
 
-class ObjectStoreConsensus(Consensus):
+class ObjectStoreConsensus(Consensus, PrometheusExport):
+    metrics_prefix = "headrace_persist_consensus"
+
     def __init__(self, store: ObjectStore | str, root: str = DEFAULT_ROOT, *,
                  hint_every: int = 16, retry: RetryPolicy | None = None,
                  min_age_s: float = 600.0, fresh_s: float = 60.0):

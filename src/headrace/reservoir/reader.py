@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from headrace.metrics import PrometheusExport
 from headrace.reservoir.batch import check_page_id
 from headrace.reservoir.keys import stream_prefix
 from headrace.reservoir.options import PageNotFound, ReservoirOptions, check_stream_name
@@ -12,9 +13,11 @@ from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore, open_store
 
 
-class ReservoirReader:
+class ReservoirReader(PrometheusExport):
     """Pages as of checkpoint ``version``; never writes. A cache dir is optional (and may be
     shared by readers of the same stream: files are immutable and named by id and CRC64)."""
+
+    metrics_prefix = "headrace_reservoir_reader"
 
     def __init__(self, store: ObjectStore, stream: str, version: int | None,
                  options: ReservoirOptions, cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY):

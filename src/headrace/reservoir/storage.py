@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from headrace.errors import InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.reservoir.batch import MISSING, PageBatch, check_page_id, new_writer, read_loc
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.inflight import FileRef, Uploader
@@ -87,7 +88,9 @@ class Session:
         self._batch = PageBatch(self._storage.opts, self._storage._ship_full)
 
 
-class ReservoirStorage:
+class ReservoirStorage(PrometheusExport):
+    metrics_prefix = "headrace_reservoir"
+
     def __init__(self, store: ObjectStore, stream: str, options: ReservoirOptions,
                  cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY):
         self.store = store
@@ -392,11 +395,9 @@ class ReservoirStorage:
             m.update({f"cache_{k}": v for k, v in self.source.cache.metrics().items()})
         return m
 
-    def metrics_prometheus(self) -> str:
+    def prometheus(self, labels: dict[str, object] | None = None) -> str:
         """``metrics()`` in Prometheus text format, labelled with the stream prefix."""
-        from headrace.reservoir.metrics import prometheus_text
-
-        return prometheus_text(self.metrics(), labels={"stream": self.prefix})
+        return super().prometheus({"stream": self.prefix, **(labels or {})})
 
     def state(self) -> State:
         return self._state

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from headrace.codec import new_ulid
 from headrace.errors import NotFound
+from headrace.metrics import PrometheusExport
 from headrace.spine.batch import Batch
 from headrace.spine.catalog import (
     BATCH_NAME,
@@ -44,8 +45,10 @@ log = logging.getLogger("headrace.spine.store")
 CATALOG = "checkpoints.headrace"
 
 
-class BatchStore(abc.ABC):
+class BatchStore(abc.ABC, PrometheusExport):
     """The seam between spines and storage; ``BatchStoreTests`` is its contract."""
+
+    metrics_prefix = "headrace_spine_batchstore"
 
     @abc.abstractmethod
     def write_batch(self, batch: Batch, block_bytes: int = 64 * 1024) -> Batch:

@@ -16,6 +16,7 @@ import threading
 import pyarrow as pa
 
 from headrace.errors import InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.spine.batch import Batch
 from headrace.spine.batchstore import BatchStore, LocalBatchStore
 from headrace.spine.catalog import (
@@ -32,8 +33,10 @@ log = logging.getLogger("headrace.spine.circuit")
 MIN_KEPT_CHECKPOINTS = 2
 
 
-class Circuit:
+class Circuit(PrometheusExport):
     """Spines of one operator graph sharing a BatchStore and a checkpoint history."""
+
+    metrics_prefix = "headrace_spine_circuit"
 
     def __init__(self, store: BatchStore, fingerprint: str, *, checkpoint: str | None = None,
                  config: SpineConfig | None = None):

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
+from headrace.metrics import PrometheusExport
 from headrace.spine.batch import (
     DEFAULT_BLOCK_BYTES,
     Batch,
@@ -62,8 +63,10 @@ class _Slot:
         self.busy = False
 
 
-class Spine:
+class Spine(PrometheusExport):
     """State of one operator: insert batches, read the consolidated view, checkpoint."""
+
+    metrics_prefix = "headrace_spine"
 
     def __init__(self, key_type: pa.DataType, val_type: pa.DataType, *, name: str = "spine",
                  config: SpineConfig | None = None, store=None,
