@@ -52,8 +52,10 @@ def report(name: str, figures: dict, args: argparse.Namespace,
     out["quick"] = bool(args.quick)
     for k, v in (counts or {}).items():
         out[f"store_{k}"] = v
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    # a --quick run never overwrites the committed full-size figures
+    where = RESULTS / "quick" if args.quick else RESULTS
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{name}.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     width = max(len(k) for k in out)
     print(f"== {name} ({'quick' if args.quick else 'full'}) ==")
     for k, v in out.items():
