@@ -31,6 +31,22 @@ def test_cli_create_ls_restore_sweep(tmp_path):
     assert res.exit_code == 2 and "upload_workers" in res.output
 
 
+def test_cli_short_form_backup_dir_url(tmp_path):
+    """The issue's form `headrace backup DIR URL --checkpoint-id ID` is `backup create`."""
+    src = tmp_path / "src"
+    write_tree(src, sample_tree())
+    url = str(tmp_path / "store")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["backup", str(src), url, "--checkpoint-id", "c7"])
+    assert res.exit_code == 0, res.output
+    index_id = res.stdout.strip().splitlines()[-1]
+    res = runner.invoke(cli, ["restore", url, index_id, str(tmp_path / "dst")])
+    assert res.exit_code == 0, res.output
+    assert read_tree(tmp_path / "dst") == sample_tree()
+    res = runner.invoke(cli, ["backup", str(tmp_path / "missing"), url, "--checkpoint-id", "c"])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
 def test_cli_verify_and_show(tmp_path):
     src = tmp_path / "src"
     write_tree(src, {**sample_tree(), "big.sst": b"b" * 300_000})  # a pack + one big blob

@@ -1,4 +1,4 @@
-"""`headrace backup create|ls|sweep` and `headrace restore`: snapshots of a local directory."""
+"""`headrace backup [create] DIR URL`, `backup ls|sweep|show|verify` and `headrace restore`."""
 
 from __future__ import annotations
 
@@ -51,9 +51,22 @@ def _fail(e: HeadraceError) -> click.ClickException:
     return click.ClickException(f"{type(e).__name__}: {e}")
 
 
-@click.group("backup")
+class _DefaultCreateGroup(click.Group):
+    """``headrace backup DIR URL --checkpoint-id ID`` (the documented short form) is
+    ``headrace backup create DIR URL ...``: a first argument that names no subcommand is the
+    directory of a ``create``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["create", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("backup", cls=_DefaultCreateGroup)
 def backup_group() -> None:
-    """Incremental snapshots of a local state directory on an object store (seed 002)."""
+    """Incremental snapshots of a local state directory on an object store (seed 002).
+
+    `headrace backup DIR URL --checkpoint-id ID` is short for `headrace backup create ...`."""
 
 
 @backup_group.command("create")
