@@ -1,5 +1,7 @@
 """SIGKILL a process in the middle of many puts: every key is absent or whole, no temp file shows.
 
+Half the puts are gather puts (the object as a list of parts), which must be exactly as atomic.
+
 Each object carries the SHA-256 of its payload in its first 32 bytes, so a torn write (a prefix of
 the bytes, or a mix of two versions) cannot pass the check. Objects are large enough (up to
 ~3 MiB) that the kill usually lands inside a write.
@@ -32,6 +34,9 @@ _WRITER = textwrap.dedent(
         key = f"k/{rng.randrange(40):02d}"
         payload = os.urandom(rng.choice([0, 1, 4096, 100_000, 1 << 20, 3 << 20]))
         obj = hashlib.sha256(payload).digest() + payload
+        if rng.random() < 0.5:  # a gather put: the same bytes as several parts
+            cuts = sorted(rng.randrange(len(obj) + 1) for _ in range(rng.randrange(1, 4)))
+            obj = [memoryview(obj)[a:b] for a, b in zip([0, *cuts], [*cuts, len(obj)])]
         kind = rng.choice(["overwrite", "create", "ifmatch"])
         try:
             if kind == "overwrite":
