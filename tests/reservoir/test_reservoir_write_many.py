@@ -107,3 +107,27 @@ def test_page_run_writer_write_many_absorbs(tmp_path):
         hr.absorb([run])
         hr.checkpoint()
         assert all(hr.read(i) == blob[offs[i]:offs[i] + 700] for i in range(50))
+
+
+def test_reader_hot_page_table_bounded_and_ids_still_checked(tmp_path, monkeypatch):
+    """The reader's memo stays within its bound, serves the right bytes across clears, and a
+    memoised page 1 does not make ``read(True)`` (a bool) pass as a page id."""
+    from headrace.reservoir import ReservoirReader
+    from headrace.reservoir import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "HOT_PAGE_TABLE_ENTRIES", 4)
+    store = LocalStore(tmp_path / "s", fsync=False)
+    sizes, blob, offs = _pages([300] * 50, 3)
+    with ReservoirStorage.open(store, options=SMALL) as hr:
+        s = hr.session()
+        s.write_many(np.arange(50), blob, sizes)
+        s.commit()
+        hr.checkpoint()
+    with ReservoirReader.open(store, cache_dir=tmp_path / "c") as r:
+        for _ in range(3):
+            for i in (1, 7, 1, 49, 7, 30, 2, 1):
+                assert r.read(i) == blob[offs[i]:offs[i] + 300]
+                assert len(r._hot) <= 4
+        assert r.read(np.int64(7)) == blob[offs[7]:offs[7] + 300]
+        with pytest.raises(TypeError):
+            r.read(True)
