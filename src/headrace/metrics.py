@@ -57,12 +57,9 @@ def prometheus_text(metrics: dict, prefix: str, labels: dict[str, object] | None
 
 
 class PrometheusExport:
-    """Mixin for a component with ``metrics()``: adds ``prometheus(labels=None)``."""
+    """Mixin for a component that defines ``metrics() -> dict``: adds ``prometheus(labels)``."""
 
     metrics_prefix: str = "headrace"
-
-    def metrics(self) -> dict:  # pragma: no cover - every user defines it
-        raise NotImplementedError
 
     def prometheus(self, labels: dict[str, object] | None = None) -> str:
         return prometheus_text(self.metrics(), self.metrics_prefix, labels)

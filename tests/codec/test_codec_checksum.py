@@ -39,6 +39,13 @@ def test_running_crc32_equals_whole(data, cut):
     assert crc32(data[cut:], crc32(data[:cut])) == crc32(data) == zlib.crc32(data)
 
 
+@given(st.binary(max_size=2000), st.integers(0, 2000))
+def test_running_crc64_equals_whole(data, cut):
+    """A file's CRC64 is computed over its parts (header, page area) without joining them."""
+    cut = min(cut, len(data))
+    assert crc64(memoryview(data)[cut:], crc64(data[:cut])) == crc64(data)
+
+
 @given(st.binary(max_size=500))
 def test_any_buffer_type_gives_the_same_checksum(data):
     for buf in (bytearray(data), memoryview(data)):

@@ -13,7 +13,6 @@ from isal.isal_zlib import crc32 as _crc32
 
 from headrace.errors import ChecksumMismatch
 
-CRC32_CHECK_VALUE = 0xCBF43926  # crc32(b"123456789")
 CRC64_CHECK_VALUE = 0x6C40DF5F0B497347  # crc64_ecma_182(b"123456789")
 
 #: ``crc32(data, value=0)``: the IEEE CRC32 of any bytes-like object; pass a previous result as

@@ -75,10 +75,6 @@ class EncodedFile:
     def data(self) -> bytes:
         return b"".join(self.parts)
 
-    @property
-    def size(self) -> int:
-        return sum(len(p) for p in self.parts)
-
 
 class BlobFileWriter:
     """Accumulates pages of one data file in memory; ``finalize`` lays out the file.
