@@ -127,8 +127,8 @@ def _cas_loop(store: ObjectStore, path: str, policy: RetryPolicy, counters: CasC
                          attempts) from last
 
 
-class QueueProducer:
-    """Appends batch locations to the manifest; carries the epoch unchanged."""
+class _ManifestRole:
+    """What both roles share: the store, the manifest key, the CAS policy and its counters."""
 
     def __init__(self, store: ObjectStore, manifest_path: str,
                  policy: RetryPolicy | None = None):
@@ -136,6 +136,10 @@ class QueueProducer:
         self.manifest_path = manifest_path
         self.policy = policy or default_cas_policy()
         self.counters = CasCounters()
+
+
+class QueueProducer(_ManifestRole):
+    """Appends batch locations to the manifest; carries the epoch unchanged."""
 
     def enqueue(self, location: str, metadata: Iterable[Metadata]) -> int:
         """Append ``location`` and return its sequence."""
@@ -154,15 +158,12 @@ class QueueProducer:
                          "enqueue")
 
 
-class QueueConsumer:
+class QueueConsumer(_ManifestRole):
     """The single active reader: ``initialize`` bumps the epoch, every call checks it."""
 
     def __init__(self, store: ObjectStore, manifest_path: str,
                  policy: RetryPolicy | None = None):
-        self.store = store
-        self.manifest_path = manifest_path
-        self.policy = policy or default_cas_policy()
-        self.counters = CasCounters()
+        super().__init__(store, manifest_path, policy)
         self.epoch: int | None = None
 
     def initialize(self) -> int:
