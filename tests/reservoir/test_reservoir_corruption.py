@@ -97,7 +97,8 @@ def test_flip_each_region_of_a_data_file(tmp_path, region):
             s.write(i, bytes([i]) * 1000)  # files fill up: separate data files
         s.commit()
         st.checkpoint()
-    key = "default/v/default/data/0000000000000001.dat"
+        first_file = st.state().lookup(0)[0]  # the data file holding page 0
+    key = f"default/v/default/data/{first_file:016x}.dat"
     data = store.get(key).data
     h, ids, offs = datafile.parse_index(data, key)
     where = {"header": 12, "page ids": 64, "page offsets": h.offsets_offset,
@@ -113,7 +114,7 @@ def test_flip_in_compressed_checkpoint_and_registry_file(tmp_path):
     store = LocalStore(tmp_path / "s", fsync=False)
     opts = ReservoirOptions(max_file_size=64 * 1024, registry="file", bundle=False)
     _build(store, opts)
-    ck = "default/v/default/ckpt/00000000000000000002.checkpoint"
+    (ck,) = [m.key for m in store.list("default/v/default/ckpt/00000000000000000002-")]
     _flip(store, ck, 40)
     _expect_loud(lambda: ReservoirReader.open(store, options=opts), ck)
     _flip(store, ck, 40)

@@ -52,3 +52,49 @@ def test_circuit_on_reservoir_commits_and_resumes(where, tmp_path, request):
     with Circuit.open(ReservoirBatchStore(url, page_bytes=8192), "g", config=cfg) as c:
         assert c.step == 5
         assert c.spine("s").to_table().equals(Batch.merge(batches[:5]).to_table())
+
+
+def _table(seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    return Batch.from_arrow(pa.table({"key": rng.integers(0, 50, 100),
+                                      "val": rng.integers(0, 3, 100),
+                                      "w": np.ones(100, np.int64)}))
+
+
+def test_second_circuit_on_a_local_stream_is_refused(tmp_path):
+    from headrace.spine import StorageLocked
+
+    url = str(tmp_path / "bucket")
+    with Circuit.open(ReservoirBatchStore(url, page_bytes=4096), "g") as c:
+        c.spine("s", pa.int64(), pa.int64()).insert(_table(1))
+        c.commit(step=1)
+        with pytest.raises(StorageLocked, match="two circuits"):
+            ReservoirBatchStore(url, page_bytes=4096)
+        c.spine("s").insert(_table(2))
+        c.commit(step=2)
+    with Circuit.open(ReservoirBatchStore(url, page_bytes=4096), "g") as c:
+        assert c.step == 2
+        assert c.spine("s").to_table().equals(Batch.merge([_table(1), _table(2)]).to_table())
+
+
+def test_second_circuit_on_s3_is_fenced_and_the_committed_one_stays_intact(s3_url):
+    """No flock on S3: the reservoir's commit fences whichever circuit commits second."""
+    from headrace.reservoir import ConcurrentWriter, ReservoirOptions
+
+    small = ReservoirOptions(max_file_size=16384)  # batches span several data files
+
+    first = Circuit.open(ReservoirBatchStore(s3_url, page_bytes=4096, options=small), "g")
+    first.spine("s", pa.int64(), pa.int64()).insert(_table(1))
+    with Circuit.open(ReservoirBatchStore(s3_url, page_bytes=4096, options=small), "g") as second:
+        for seed in range(20, 26):  # several data files, as the first circuit's below
+            second.spine("s", pa.int64(), pa.int64()).insert(_table(seed))
+        second.commit(step=1)
+    with pytest.raises(ConcurrentWriter):
+        for seed in range(3, 8):  # enough for the first circuit to ship full data files
+            first.spine("s").insert(_table(seed))
+        first.commit(step=1)
+    first.close()
+    with Circuit.open(ReservoirBatchStore(s3_url, page_bytes=4096, options=small), "g") as c:
+        assert c.step == 1
+        assert c.spine("s").to_table().equals(
+            Batch.merge([_table(seed) for seed in range(20, 26)]).to_table())

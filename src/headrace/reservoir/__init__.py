@@ -7,6 +7,8 @@ compaction and stream versions. See docs/reservoir.md.
 
 from headrace.reservoir.options import (
     CacheFull,
+    CacheTooSmall,
+    CommitUnknown,
     ConcurrentWriter,
     PageNotFound,
     ReservoirFailed,
@@ -18,7 +20,7 @@ from headrace.reservoir.runs import PageRun, PageRunWriter
 from headrace.reservoir.storage import ReservoirStorage, Session
 
 __all__ = [
-    "CacheFull", "CheckpointNotFound", "ConcurrentWriter", "PageNotFound", "PageRun",
+    "CacheFull", "CacheTooSmall", "CheckpointNotFound", "CommitUnknown", "ConcurrentWriter", "PageNotFound", "PageRun",
     "PageRunWriter", "ReservoirFailed", "ReservoirOptions", "ReservoirReader", "ReservoirStorage",
     "Session",
 ]

@@ -3,7 +3,10 @@
 - A miss downloads the whole file on a named worker pool; its CRC64 is checked before the file
   is admitted (the reference skips this check; headrace does not).
 - Every page read checks the page's CRC32. A bad cached file is evicted and downloaded again
-  once; if it is still bad the error surfaces as ChecksumMismatch naming the object.
+  once (healed; compaction heals the same way on a bad whole-file CRC64). A download whose CRC64
+  fails twice is the store's fault: ChecksumMismatch names the object key. A page that still
+  fails after a verified download is the local disk's fault: the error names the cache file.
+- A file larger than the whole cache is never cached: its pages are read with ranged GETs.
 - Eviction: least recently used first, but among the oldest few the least frequently used goes;
   a background thread evicts once the cache passes ``cache_evict_from`` (80%) of its size; a
   download that finds no evictable space waits (pinned files are in use) up to a timeout.
@@ -76,6 +79,10 @@ class _Entry:
             self.fd = -1
 
 
+class _Uncacheable(Exception):
+    """The file is larger than the whole cache: read its pages from the store."""
+
+
 class LocalCache:
     def __init__(self, cache_dir: str | os.PathLike, store: ObjectStore, options: ReservoirOptions,
                  key_of, *, name: str = "reservoir"):
@@ -87,6 +94,7 @@ class LocalCache:
         self.max_bytes = options.max_cache_size_bytes
         self._entries: dict[int, _Entry] = {}
         self._inflight: dict[int, Future] = {}
+        self._uncacheable: set[int] = set()
         self._used = 0
         self._reserved = 0
         self._lock = threading.Lock()
@@ -148,24 +156,43 @@ class LocalCache:
                 e.tick = next(_TICKS)
                 self.hits += 1  # an attribute, not stats["hits"]: this path is ~1 µs
                 return data
+        if file_size > self.max_bytes or file_id in self._uncacheable:
+            return self._read_direct(file_id, off, size, page_crc)
         for attempt in (1, 2):
-            entry = self._acquire(file_id, file_size, file_crc)
+            try:
+                entry = self._acquire(file_id, file_size, file_crc)
+            except _Uncacheable:
+                return self._read_direct(file_id, off, size, page_crc)
             try:
                 data = entry.read(off, size)
             finally:
                 self._release(entry)
             if len(data) == size and crc32(data) == page_crc:
                 return data
-            key = self.key_of(file_id)
-            if attempt == 2:
-                raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size}) "
-                                       "(cached copy re-downloaded)", expected=page_crc,
-                                       actual=crc32(data))
-            log.warning("cached copy of %s fails a page crc32; evicting and re-downloading", key)
-            self.evict(file_id)
-            with self._lock:
-                self.stats["healed"] += 1
+            if attempt == 2:  # a fresh copy, verified against its crc64, reads back wrong
+                raise ChecksumMismatch(str(entry.path), off,
+                                       f"crc32 of page at [{off}, {off + size}) in the local "
+                                       f"cache file for {self.key_of(file_id)!r} (re-downloaded, "
+                                       "the stored object passed its crc64: the cache disk is "
+                                       "at fault)", expected=page_crc, actual=crc32(data))
+            self.heal(file_id, f"page crc32 at [{off}, {off + size})")
         raise AssertionError("unreachable")
+
+    def _read_direct(self, file_id: int, off: int, size: int, page_crc: int) -> bytes:
+        key = self.key_of(file_id)
+        data = DEFAULT_RETRY.call(lambda: self.store.get_range(key, off, off + size),
+                                  what=f"get_range {key}")
+        if len(data) != size or crc32(data) != page_crc:
+            raise ChecksumMismatch(key, off, f"crc32 of page at [{off}, {off + size})",
+                                   expected=page_crc, actual=crc32(data))
+        return data
+
+    def heal(self, file_id: int, why: str) -> None:
+        """A cached copy failed a CRC: drop it, so the next read downloads a fresh one."""
+        log.warning("cached copy of %s fails its %s; evicting it", self.key_of(file_id), why)
+        self.evict(file_id)
+        with self._lock:
+            self.stats["healed"] += 1
 
     def get_if_present(self, file_id: int) -> bytes | None:
         """Whole cached file, without touching LRU order or downloading (compaction reads)."""
@@ -267,6 +294,9 @@ class LocalCache:
                 raise ChecksumMismatch(key, 0, f"crc64 of data file (first {file_size} bytes)",
                                        expected=file_crc, actual=max(actual, 0))
             log.warning("download of %s fails its crc64; downloading once more", key)
+        if len(data) > self.max_bytes:
+            self._uncacheable.add(file_id)
+            raise _Uncacheable(key)
         self.evict(file_id)
         self.register(file_id, file_crc, data)
         with self._lock:

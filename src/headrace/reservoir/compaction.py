@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from headrace.codec import crc64
-from headrace.errors import ChecksumMismatch
-from headrace.reservoir.keys import bundle_id, parse_checkpoint_name, parse_data_name
+from headrace.errors import NotFound
+from headrace.reservoir.keys import bundle_id, parse_checkpoint_name, parse_data_name, registry_key
+from headrace.reservoir.options import ConcurrentWriter
 
 if TYPE_CHECKING:
     from headrace.reservoir.storage import ReservoirStorage
@@ -48,11 +48,7 @@ def compact(s: ReservoirStorage) -> int | None:
         moved = 0
         for fid in cands:
             row = state.files[fid]
-            data = s.source.read_whole(fid)
-            actual = crc64(memoryview(data)[:row.size]) if len(data) >= row.size else -1
-            if actual != row.crc64:
-                raise ChecksumMismatch(s.source.key(fid), 0, "crc64 of data file (compaction)",
-                                       expected=row.crc64, actual=max(actual, 0))
+            data = s.source.read_whole(fid, row.size, row.crc64)  # CRC64-checked, healed
             mask = state.fids == np.uint64(fid)
             if len(pending):
                 mask &= ~np.isin(state.ids, pending)
@@ -70,29 +66,53 @@ def compact(s: ReservoirStorage) -> int | None:
 
 
 def sweep_orphans(s: ReservoirStorage, grace_s: float, now: float) -> list[str]:
-    """Delete unreferenced objects older than ``grace_s``; returns their keys."""
+    """Delete unreferenced objects older than ``grace_s``; returns their keys.
+
+    A writer another writer has overtaken knows nothing of the newer checkpoints' objects, so the
+    sweep first checks this writer is still the latest (the checkpoint LIST it needs anyway, or
+    the registry's etag) and raises ConcurrentWriter instead of deleting them.
+    """
     with s._ckpt_lock:
         with s._lock:
             state = s._state
             referenced = state.referenced_file_ids() | set(s._new_files)
             referenced |= {loc[0].file_id for loc in s._committed.values() if loc is not None}
             retained = set(state.registry.versions.tolist())
+            known = dict(s._ckpt_keys)
             latest = state.version
+            etag = s._registry_etag
+        ckpts = s.retry.call(lambda: list(s.store.list(f"{s.prefix}/ckpt/")),
+                             what="list checkpoints")
+        if not s.bundled_registry:
+            try:
+                current = s.retry.call(lambda: s.store.head(registry_key(s.prefix)).etag,
+                                       what="head registry")
+            except NotFound:
+                current = None
+            if current != etag:
+                raise ConcurrentWriter(f"the registry of {s.prefix!r} was changed by another "
+                                       "writer; not sweeping (reset() or reopen)")
         doomed: list[str] = []
+        for m in ckpts:
+            parsed = parse_checkpoint_name(m.key)
+            if parsed is None:
+                continue
+            v, _snap, is_bundle = parsed
+            if s.bundled_registry and v > latest:
+                raise ConcurrentWriter(f"checkpoint {m.key!r} is newer than this writer's "
+                                       f"{latest}: another writer is ahead; not sweeping")
+            if now - m.last_modified < grace_s:
+                continue
+            if v in retained and known.get(v, m.key) == m.key:
+                continue
+            if is_bundle and bundle_id(v) in referenced and known.get(v, m.key) == m.key:
+                continue
+            doomed.append(m.key)
         for m in s.store.list(f"{s.prefix}/data/"):
             fid = parse_data_name(m.key)
             if fid is None or fid in referenced or now - m.last_modified < grace_s:
                 continue
             doomed.append(m.key)
-        for m in s.store.list(f"{s.prefix}/ckpt/"):
-            parsed = parse_checkpoint_name(m.key)
-            if parsed is None or now - m.last_modified < grace_s:
-                continue
-            v, _snap, is_bundle = parsed
-            if v in retained or (is_bundle and bundle_id(v) in referenced):
-                continue
-            if v > latest or v not in retained:
-                doomed.append(m.key)
         if doomed:
             s.store.delete_many(doomed)
             log.info("swept %d orphaned objects under %s", len(doomed), s.prefix)

@@ -12,11 +12,13 @@ import logging
 import queue
 import threading
 
+from headrace.codec import crc64
+from headrace.errors import AlreadyExists
 from headrace.reservoir.formats.datafile import BlobFileWriter
 from headrace.reservoir.options import ReservoirFailed
 from headrace.reservoir.state import NewFile
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
-from headrace.store import OVERWRITE, ObjectStore
+from headrace.store import CREATE, ObjectStore, payload_size, payload_views
 
 log = logging.getLogger("headrace.reservoir")
 
@@ -67,10 +69,9 @@ class Uploader:
             ref, key, data = job
             try:
                 if self.error is None:
-                    self.retry.call(lambda k=key, d=data: self.store.put(k, d, OVERWRITE),
-                                    what=f"upload {key}")
+                    self._put_new(key, data)
                     self.uploaded_files += 1
-                    self.uploaded_bytes += len(data)
+                    self.uploaded_bytes += payload_size(data)
                     self.on_uploaded(ref, data)
             except Exception as e:  # noqa: BLE001 - kept and surfaced by flush()/submit()
                 log.error("upload of %s failed: %s", key, e)
@@ -80,6 +81,20 @@ class Uploader:
                 with self._cond:
                     self._pending -= 1
                     self._cond.notify_all()
+
+    def _put_new(self, key: str, data) -> None:
+        """PUT with Create: a data file key is never written twice, so an existing object is
+        either our own upload whose reply was lost (same bytes) or not ours: then fail, never
+        overwrite it."""
+        try:
+            self.retry.call(lambda: self.store.put(key, data, CREATE), what=f"upload {key}")
+        except AlreadyExists:
+            mine = 0
+            for part in payload_views(data):
+                mine = crc64(part, mine)
+            there = self.retry.call(lambda: self.store.get(key).data, what=f"read back {key}")
+            if crc64(there) != mine:
+                raise
 
     def pending(self) -> int:
         with self._cond:

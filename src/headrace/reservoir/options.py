@@ -24,11 +24,21 @@ class PageNotFound(HeadraceError, KeyError):
 
 
 class ConcurrentWriter(HeadraceError):
-    """Another writer committed the checkpoint version this writer was about to commit."""
+    """Another writer of the stream committed first: this writer is fenced (nothing it wrote is
+    visible); ``reset()`` drops its uncheckpointed work and reloads the winner's checkpoint."""
 
 
 class ReservoirFailed(HeadraceError):
     """A background upload failed: uncheckpointed state was dropped; call reset() or reopen."""
+
+
+class CommitUnknown(ReservoirFailed):
+    """A checkpoint's commit reply was lost and reading it back failed too: it may or may not
+    have landed. ``reset()`` reloads what is committed (and so learns which)."""
+
+
+class CacheTooSmall(HeadraceError, ValueError):
+    """The local cache cannot hold one data file (max_cache_size_bytes < max_file_size)."""
 
 
 class CacheFull(HeadraceError):

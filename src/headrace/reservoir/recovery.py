@@ -9,7 +9,7 @@ after it, nothing older.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headrace.codec import crc64
 from headrace.errors import ChecksumMismatch, FormatError, NotFound
@@ -85,6 +85,7 @@ class Loaded:
     state: State
     latest_object: CheckpointObject | None  # the object of the recovered version
     registry_etag: str | None  # registry="file": etag for the next conditional write
+    keys: dict[int, str] = field(default_factory=dict)  # version -> object key, chain read
 
 
 class CheckpointLoader:
@@ -113,6 +114,20 @@ class CheckpointLoader:
                 out[parsed[0]] = m.key
         return out
 
+    def get_file_mode_checkpoint(self, version: int, snapshot: bool, bundle: bool,
+                                 crc: int) -> tuple[str, bytes]:
+        """(key, bytes) of a registry="file" checkpoint: named by its CRC64, or (streams written
+        before the CRC naming) by version alone."""
+        key = checkpoint_key(self.prefix, version, snapshot=snapshot, bundle=bundle,
+                             crc=None if bundle else crc)
+        try:
+            return key, self._get(key).data
+        except NotFound:
+            if bundle:
+                raise
+        legacy = checkpoint_key(self.prefix, version, snapshot=snapshot, bundle=False)
+        return legacy, self._get(legacy).data
+
     def read_registry_file(self) -> tuple[Registry, str | None]:
         key = registry_key(self.prefix)
         try:
@@ -125,6 +140,7 @@ class CheckpointLoader:
         """Recover the state as of ``version`` (None = latest)."""
         etag = None
         head: CheckpointObject | None = None
+        listed: dict[int, str] = {}
         if self.bundled:
             listed = self.list_versions()
             if not listed:
@@ -153,16 +169,24 @@ class CheckpointLoader:
         except KeyError:
             raise CheckpointNotFound(registry_key(self.prefix), target) from None
         state = State()
+        keys: dict[int, str] = {}
         for i in chain:
             v = int(reg.versions[i])
             if head is not None and v == target:
                 obj = head
             else:
-                key = checkpoint_key(self.prefix, v, snapshot=bool(reg.snapshot[i]),
-                                     bundle=bool(reg.bundle[i]))
-                obj = split_object(self._get(key).data, key)
+                if self.bundled:
+                    if v not in listed:
+                        raise CheckpointNotFound(f"{self.prefix}/ckpt/{v:020d}", v)
+                    key = listed[v]
+                    data = self._get(key).data
+                else:
+                    key, data = self.get_file_mode_checkpoint(
+                        v, bool(reg.snapshot[i]), bool(reg.bundle[i]), int(reg.crc64s[i]))
+                obj = split_object(data, key)
                 if v == target:
                     head = obj
+            keys[v] = obj.key
             cp = decode_object(obj, int(reg.crc64s[i]), self.max_raw)
             if cp.version != v:
                 raise FormatError(obj.key, 168, f"checkpoint says version {cp.version}, "
@@ -171,4 +195,4 @@ class CheckpointLoader:
                            reg.crc64s[: i + 1])
             state = state.applied(cp, sub)
         log.debug("recovered %s at checkpoint %d from %d objects", self.prefix, target, len(chain))
-        return Loaded(state, head, etag)
+        return Loaded(state, head, etag, keys)

@@ -6,7 +6,7 @@ from headrace.codec import crc32, crc64
 from headrace.errors import ChecksumMismatch
 from headrace.reservoir.cache import LocalCache
 from headrace.reservoir.keys import bundle_id, data_key
-from headrace.reservoir.options import ReservoirOptions
+from headrace.reservoir.options import CacheTooSmall, ReservoirOptions
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore
 
@@ -21,6 +21,11 @@ class PageSource:
         self.retry = retry
         self.cache: LocalCache | None = None
         if cache_dir is not None:
+            if options.max_cache_size_bytes < options.max_file_size:
+                raise CacheTooSmall(
+                    f"ReservoirOptions.max_cache_size_bytes={options.max_cache_size_bytes} "
+                    f"cannot hold one data file (max_file_size={options.max_file_size}); "
+                    "raise it or open without cache_dir")
             self.cache = LocalCache(cache_dir, store, options, self.key, name=name)
         self.range_gets = 0
         # read(file_id, file_size, file_crc64, off, size, crc32) -> bytes. Bound once, not
@@ -43,14 +48,22 @@ class PageSource:
                                    expected=crc, actual=actual)
         return data
 
-    def read_whole(self, file_id: int) -> bytes:
-        """A whole file for compaction: from the cache if there, else the store (no cache fill)."""
+    def read_whole(self, file_id: int, file_size: int, file_crc: int) -> bytes:
+        """A whole file for compaction, CRC64-checked: from the cache if there (a corrupt cached
+        copy is evicted: healed), else the store, without filling the cache."""
         if self.cache is not None:
             data = self.cache.get_if_present(file_id)
             if data is not None:
-                return data
+                if _crc_ok(data, file_size, file_crc):
+                    return data
+                self.cache.heal(file_id, "whole-file crc64 (compaction)")
         key = self.key(file_id)
-        return self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+        data = self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+        if not _crc_ok(data, file_size, file_crc):
+            actual = crc64(memoryview(data)[:file_size]) if len(data) >= file_size else 0
+            raise ChecksumMismatch(key, 0, f"crc64 of data file (first {file_size} bytes, "
+                                   "compaction)", expected=file_crc, actual=actual)
+        return data
 
     def admit_recovered(self, obj, state) -> None:
         """Recovery already fetched the newest checkpoint object: when it is a bundle whose
@@ -71,3 +84,7 @@ class PageSource:
     def close(self) -> None:
         if self.cache is not None:
             self.cache.close()
+
+
+def _crc_ok(data, size: int, crc: int) -> bool:
+    return len(data) >= size and crc64(memoryview(data)[:size]) == crc

@@ -12,6 +12,7 @@ leaves only orphans, which ``sweep_orphans`` removes.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 
@@ -23,7 +24,6 @@ from headrace.reservoir.batch import MISSING, PageBatch, check_page_id, new_writ
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.inflight import FileRef, Uploader
 from headrace.reservoir.keys import (
-    COUNTER_LIMIT,
     bundle_id,
     checkpoint_key,
     data_key,
@@ -111,9 +111,7 @@ class ReservoirStorage(PrometheusExport):
         self._closed = False
         self._failure: BaseException | None = None
         loaded = self.loader.load(None)
-        self._state: State = loaded.state
-        self._registry_etag = loaded.registry_etag
-        self._next_file_id = max(1, self._state.next_file_id)
+        self._adopt(loaded)
         self._committed: dict[int, tuple | None] = {}
         self._new_files: dict[int, FileRef] = {}
         self._merged = FileRef(new_writer(options))
@@ -128,6 +126,13 @@ class ReservoirStorage(PrometheusExport):
         self.versions.mark_open()
         self._versions_cleaned = False
         self._collect_garbage(self._state.registry, self._state.registry)
+
+    def _adopt(self, loaded) -> None:
+        """Make a recovered checkpoint the base of this writer (open and reset)."""
+        self._state: State = loaded.state
+        self._registry_etag = loaded.registry_etag
+        self._ckpt_keys: dict[int, str] = dict(loaded.keys)  # version -> object key
+        self._next_file_id = max(1, self._state.next_file_id)  # recorded, no longer allocating
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -192,12 +197,15 @@ class ReservoirStorage(PrometheusExport):
 
     # -- writes --------------------------------------------------------------------------------
     def _alloc_file_id(self) -> int:
+        """62 random bits: a data file key no other writer of the stream will ever write (a
+        second writer counting from the same checkpoint would reuse a counter's ids)."""
         with self._lock:
-            fid = self._next_file_id
-            if fid >= COUNTER_LIMIT:
-                raise ReservoirFailed("driver file id space exhausted")
-            self._next_file_id += 1
-            return fid
+            while True:
+                fid = secrets.randbits(62)
+                st = self._state
+                if fid and fid not in st.files and fid not in st.deleted_files \
+                        and fid not in self._new_files:
+                    return fid
 
     def _ship_full(self, ref: FileRef) -> None:
         """Finalize a full file and queue it for upload (blocks when the queue is full)."""
@@ -336,12 +344,10 @@ class ReservoirStorage(PrometheusExport):
         for i, v in enumerate(old_reg.versions.tolist()):
             if v in retained:
                 continue
-            if bool(old_reg.bundle[i]):
-                if bundle_id(v) not in keep_live:
-                    keys.append(checkpoint_key(self.prefix, v, snapshot=False, bundle=True))
-            else:
-                keys.append(checkpoint_key(self.prefix, v, snapshot=bool(old_reg.snapshot[i]),
-                                           bundle=False))
+            key = self._ckpt_keys.pop(v, None) or self._default_ckpt_key(
+                v, bool(old_reg.snapshot[i]), bool(old_reg.bundle[i]), int(old_reg.crc64s[i]))
+            if not (bool(old_reg.bundle[i]) and bundle_id(v) in keep_live):
+                keys.append(key)
         if keys:
             keys = sorted(set(keys))
             self.retry.call(lambda: self.store.delete_many(keys), what="delete unreferenced")
@@ -350,6 +356,11 @@ class ReservoirStorage(PrometheusExport):
             state.deleted_files.pop(f, None)
             if self.source.cache is not None:
                 self.source.cache.evict(f)
+
+    def _default_ckpt_key(self, v: int, snapshot: bool, bundle: bool, crc: int) -> str:
+        if bundle or self.bundled_registry:
+            return checkpoint_key(self.prefix, v, snapshot=snapshot, bundle=True)
+        return checkpoint_key(self.prefix, v, snapshot=snapshot, bundle=False, crc=crc)
 
     def sweep_orphans(self, grace_s: float | None = None, now: float | None = None) -> list[str]:
         """Delete data/checkpoint objects nothing references and older than the grace period."""
@@ -371,16 +382,23 @@ class ReservoirStorage(PrometheusExport):
         return version
 
     def reset(self) -> None:
-        """Drop everything not checkpointed (after a failure) and reset every session."""
+        """Drop everything not checkpointed (after a failure), reset every session and reload
+        the latest committed checkpoint: after CommitUnknown that tells whether the commit
+        landed; after ConcurrentWriter the winner's checkpoint becomes this writer's base."""
         with self._ckpt_lock, self._lock:
             self._uploader.wait_idle()
             self._uploader.clear_error()
-            self._failure = None
             self._committed = {}
             self._new_files = {}
             self._merged = FileRef(new_writer(self.opts))
-            self._next_file_id = max(self._next_file_id, self._state.next_file_id)
             self._generation += 1
+            try:
+                loaded = self.loader.load(None)
+            except BaseException as e:
+                self._failure = e  # still failed: reset() again once the store answers
+                raise
+            self._failure = None
+            self._adopt(loaded)
 
     def metrics(self) -> dict:
         with self._lock:

@@ -2,6 +2,12 @@
 
 CRC chain (as the seed): the data part's CRC64 goes into the checkpoint's file row for the file;
 the checkpoint section's CRC64 goes into the registry entry; the registry's CRC64 into its footer.
+
+Two writers (docs/reservoir.md): every object a checkpoint writes has a key no other writer can
+write (random data file ids, one Create-only key per version, CRC-named checkpoint objects), so a
+fenced writer's objects are orphans beside the winner's, never on them; the commit point decides
+who wins and the loser gets ConcurrentWriter. A commit whose reply and read-back are both lost is
+reported as CommitUnknown; ``reset()`` then reloads whatever is committed.
 """
 
 from __future__ import annotations
@@ -12,15 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headrace.codec import crc64
-from headrace.errors import AlreadyExists, PreconditionFailed
+from headrace.errors import AlreadyExists, HeadraceError, PreconditionFailed
 from headrace.reservoir.formats import checkpoint as ckfmt
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.formats.datafile import encode_bundle
 from headrace.reservoir.inflight import FileRef
-from headrace.reservoir.keys import bundle_id, checkpoint_key, registry_key
-from headrace.reservoir.options import ConcurrentWriter
+from headrace.reservoir.keys import bundle_id, checkpoint_key, parse_checkpoint_name, registry_key
+from headrace.reservoir.options import CommitUnknown, ConcurrentWriter
 from headrace.reservoir.state import NewFile, PageChanges
-from headrace.store import CREATE, OVERWRITE, IfMatch, payload_bytes, payload_size
+from headrace.store import CREATE, IfMatch, payload_size, payload_views
 
 if TYPE_CHECKING:
     from headrace.reservoir.storage import ReservoirStorage
@@ -63,7 +69,9 @@ def write_checkpoint(s: ReservoirStorage) -> int:
     v = state.version + 1
     snapshot = v % s.opts.snapshot_interval == 0
     mw = s._merged.writer
-    bundle = (s.opts.bundle and len(mw) > 0
+    # a bundle's key is its version's, so only registry="bundled" (where that key is the commit
+    # point) may write one; registry="file" names checkpoint objects by CRC (see keys.py)
+    bundle = (s.opts.bundle and s.bundled_registry and len(mw) > 0
               and mw.projected_size() + _estimate(s, snapshot) <= s.opts.max_file_size)
     if not bundle:
         s._ship_merged()
@@ -94,16 +102,20 @@ def write_checkpoint(s: ReservoirStorage) -> int:
         enc = encode_bundle(mw, lambda crc, end, _offs: build(crc, end))
         obj = enc.parts  # written with a gather put: the page area is not copied
         key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=True)
-    else:
+    elif s.bundled_registry:  # one key per version, whatever the object holds
         section, reg_bytes = build(0, 0)
-        obj = ckfmt.encode_combined(snapshot, section, reg_bytes) if s.bundled_registry \
-            else section
-        key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=False)
+        obj = ckfmt.encode_combined(snapshot, section, reg_bytes)
+        key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=True)
+    else:
+        section, _reg_bytes = build(0, 0)
+        obj = section
+        key = checkpoint_key(s.prefix, v, snapshot=snapshot, bundle=False, crc=crc64(section))
     new_state, new_reg = built["state"], built["reg"]
     puts = _commit(s, key, obj, new_reg)
     # committed: from here on, the new state is the truth
     old_reg = state.registry
     s._state = new_state
+    s._ckpt_keys[v] = key
     if bundle:
         merged.info = built["files"][-1]
         s.source.register(merged.file_id, merged.info.crc64, obj)
@@ -126,18 +138,40 @@ def write_checkpoint(s: ReservoirStorage) -> int:
     return v
 
 
+def _payload_crc(obj) -> int:
+    crc = 0
+    for part in payload_views(obj):
+        crc = crc64(part, crc)
+    return crc
+
+
+def _read_back(s: ReservoirStorage, key: str, what: str):
+    """GET ``key`` to settle a commit whose reply was lost; CommitUnknown if it cannot be read."""
+    try:
+        return s.retry.call(lambda: s.store.get(key), what=f"read back {key}")
+    except HeadraceError as e:
+        raise CommitUnknown(f"{what}: the reply was lost and reading {key!r} back failed "
+                            f"({e}); call reset() to reload what is committed") from e
+
+
 def _commit(s: ReservoirStorage, key: str, obj, reg: regfmt.Registry) -> int:
     """The commit PUT(s). Returns how many PUTs it took."""
     store, retry = s.store, s.retry
+    v = reg.latest()
     if s.bundled_registry:
         try:
             retry.call(lambda: store.put(key, obj, CREATE), what=f"put {key}")
         except AlreadyExists:
-            if store.get(key).data != payload_bytes(obj):  # not our own put, reply lost
+            got = _read_back(s, key, f"checkpoint {v}")
+            if crc64(got.data) != _payload_crc(obj):  # not our own put whose reply was lost
                 raise ConcurrentWriter(f"checkpoint {key!r} was written by another writer") \
                     from None
+        _check_still_latest(s, key, v)
         return 1
-    retry.call(lambda: store.put(key, obj, OVERWRITE), what=f"put {key}")
+    try:  # named by its CRC: an existing object under this key holds these very bytes
+        retry.call(lambda: store.put(key, obj, CREATE), what=f"put {key}")
+    except AlreadyExists:
+        pass
     rkey = registry_key(s.prefix)
     reg_bytes = regfmt.encode(reg)
     mode = IfMatch(s._registry_etag) if s._registry_etag else CREATE
@@ -145,11 +179,33 @@ def _commit(s: ReservoirStorage, key: str, obj, reg: regfmt.Registry) -> int:
         s._registry_etag = retry.call(lambda: store.put(rkey, reg_bytes, mode),
                                       what=f"put {rkey}")
     except (AlreadyExists, PreconditionFailed):
-        got = store.get(rkey)
+        got = _read_back(s, rkey, f"registry for checkpoint {v}")
         if got.data != reg_bytes:
             raise ConcurrentWriter(f"registry {rkey!r} was changed by another writer") from None
         s._registry_etag = got.etag
     return 2
+
+
+def _check_still_latest(s: ReservoirStorage, key: str, v: int) -> None:
+    """registry="bundled": the Create of version ``v`` only proves nobody wrote ``v``; a writer
+    fenced long ago can find ``v`` free again because the winner deleted it after a later
+    snapshot. One LIST settles it: any later version means another writer is ahead, and our
+    object (never the newest, so never recovered) is removed again."""
+    try:
+        listed = s.retry.call(lambda: list(s.store.list(f"{s.prefix}/ckpt/")),
+                              what="list checkpoints")
+    except HeadraceError as e:
+        raise CommitUnknown(f"checkpoint {v} was written but listing to confirm it failed ({e}); "
+                            "call reset() to reload what is committed") from e
+    ahead = [m.key for m in listed
+             if (p := parse_checkpoint_name(m.key)) is not None and p[0] > v]
+    if ahead:
+        try:
+            s.retry.call(lambda: s.store.delete(key), what=f"delete {key}")
+        except HeadraceError as e:  # an orphan: the sweep removes it later
+            log.warning("could not delete fenced checkpoint %s: %s", key, e)
+        raise ConcurrentWriter(f"checkpoint {v} lost to another writer already at "
+                               f"{sorted(ahead)[-1]!r}")
 
 
 def _new_writer(s: ReservoirStorage):

@@ -14,11 +14,19 @@ page in one session, then calls ``ReservoirStorage.checkpoint()``: that conditio
 commit point, so all spines or none. Pages of batches no checkpoint references (merge outputs
 that were never committed before a crash) are deleted on open, and the deletion becomes durable
 with the next checkpoint.
+
+One circuit per stream: on a store with local paths the stream is locked like a LocalBatchStore
+directory (an flock on ``{prefix}/writer.lock``; a second store is refused with StorageLocked);
+on any store the reservoir fences a second writer at its commit (ConcurrentWriter), so the
+checkpoint another circuit committed is never changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import struct
 import threading
 import time
@@ -39,7 +47,7 @@ from headrace.spine.catalog import (
     encode_catalog,
     encode_manifest,
 )
-from headrace.spine.errors import CheckpointNotFound
+from headrace.spine.errors import CheckpointNotFound, StorageLocked
 
 log = logging.getLogger("headrace.spine.reservoir")
 CATALOG_PAGE = 0
@@ -75,8 +83,24 @@ class ReservoirBatchStore(BatchStore):
         if page_bytes < 4096:
             raise ValueError("page_bytes must be >= 4096")
         self._owned = not isinstance(reservoir_or_url, ReservoirStorage)
-        self.reservoir = (ReservoirStorage.open(reservoir_or_url, stream=stream, **open_kwargs)
-                          if self._owned else reservoir_or_url)
+        self._lock_fd: int | None = None
+        if self._owned:
+            from headrace.reservoir.keys import stream_prefix
+            from headrace.store import open_store
+
+            store = open_store(reservoir_or_url)
+            opts = open_kwargs.get("options")
+            prefix = stream_prefix(stream, open_kwargs.get("version")
+                                   or (opts.stream_version if opts is not None else None))
+            self._lock_fd = _lock_stream(store, prefix)
+            try:
+                self.reservoir = ReservoirStorage.open(store, stream=stream, **open_kwargs)
+            except BaseException:
+                self._unlock()
+                raise
+        else:
+            self.reservoir = reservoir_or_url
+            self._lock_fd = _lock_stream(self.reservoir.store, self.reservoir.prefix)
         self.page_bytes = page_bytes
         self._mu = threading.RLock()
         self._live: dict[int, int] = {}  # seq -> data pages, for batches in use
@@ -290,6 +314,36 @@ class ReservoirBatchStore(BatchStore):
                     if isinstance(v, int | float)})
         return out
 
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing releases the flock
+
     def close(self) -> None:
-        if self._owned:
-            self.reservoir.close()
+        try:
+            if self._owned:
+                self.reservoir.close()
+        finally:
+            self._unlock()
+
+
+def _lock_stream(store, prefix: str) -> int | None:
+    """flock ``{prefix}/writer.lock`` when the store has local paths (None otherwise)."""
+    if not store.capabilities.local_path:
+        return None
+    path = store.local_path(f"{prefix}/writer.lock")
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StorageLocked(f"reservoir stream {prefix!r} is locked by another circuit "
+                            f"(pid {holder}); two circuits cannot share it") from None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -172,11 +172,26 @@ def decompress(buf, key: str | None, max_raw: int, base: int = 0) -> bytes:
         raise FormatError(key, base, f"bad compressed checkpoint magic {magic!r}")
     if raw_len > max_raw:
         raise FormatError(key, base + 4, f"checkpoint raw length {raw_len} above {max_raw}")
-    out = zstd_decompress(r.buf[_ZHEAD.size:], raw_len, key=key, offset=base + _ZHEAD.size)
+    if raw_len < HEADER_SIZE:
+        raise FormatError(key, base + 4, f"checkpoint raw length {raw_len} below the "
+                          f"{HEADER_SIZE}-byte header")
+    frame = r.buf[_ZHEAD.size:]
+    most = max_zstd_output(len(frame))
+    if raw_len > most:  # refused before a byte is inflated
+        raise FormatError(key, base + 4, f"checkpoint raw length {raw_len} is more than the "
+                          f"{len(frame)}-byte zstd frame can hold (at most {most})")
+    out = zstd_decompress(frame, raw_len, key=key, offset=base + _ZHEAD.size)
     if len(out) != raw_len:
         raise FormatError(key, base + 4, f"checkpoint decompressed to {len(out)} bytes, "
                           f"header says {raw_len}")
     return out
+
+
+def max_zstd_output(frame_bytes: int) -> int:
+    """The most a zstd frame of ``frame_bytes`` can produce: every block yields at most 128 KiB
+    and costs at least 4 bytes (3-byte header + 1 byte of an RLE block) after the frame header
+    (>= 6 bytes). A declared size above this is a lie, refused without decompressing."""
+    return (max(frame_bytes - 6, 0) // 4) * (128 << 10)
 
 
 def encode_combined(snapshot: bool, ckpt_section: bytes, registry: bytes) -> bytes:

@@ -285,8 +285,14 @@ def parse_header(buf, key: str | None) -> DataHeader:
     if not offs_off + 4 * (n + 1) <= data_off <= size:
         raise FormatError(key, 20, f"data offset {data_off} outside the file")
     if flags & FLAG_BUNDLE:
-        if not data_off <= ckpt <= reg <= footer and footer + 8 == size:
-            raise FormatError(key, 24, "bundle section offsets out of order or outside the file")
+        for at, name, value in ((24, "checkpoint", ckpt), (32, "registry", reg),
+                                (40, "registry footer", footer)):
+            if not 0 <= value <= size:
+                raise FormatError(key, at, f"bundle {name} section offset {value} outside the "
+                                  f"{size} bytes present")
+        if not (data_off <= ckpt <= reg <= footer and footer + 8 == size):
+            raise FormatError(key, 24, f"bundle section offsets {ckpt}, {reg}, {footer} out of "
+                              f"order or not ending the file ({size} bytes)")
     elif ckpt or reg or footer:
         raise FormatError(key, 24, "reserved header bytes are not zero")
     return DataHeader(flags, n, ids_off, offs_off, data_off, ckpt, reg, footer)
