@@ -114,13 +114,15 @@ def consume_all(store) -> tuple[float, int]:
 
 def consume_arrow(store) -> float:
     from headrace.buffer import read_manifest
+    from headrace.buffer.batch_format import decode_block
     from headrace.spark.queue_source import batch_to_arrow
 
     entries = read_manifest(store, "ingest/manifest").entries
     with Timer() as t:
         for e in entries:
             md = [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata]
-            batch_to_arrow(store.get(e.location).data, e.sequence, e.location, md)
+            batch_to_arrow(decode_block(store.get(e.location).data, e.location), e.sequence,
+                           e.location, md)
     return t.s
 
 

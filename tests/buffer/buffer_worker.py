@@ -5,6 +5,9 @@
                                                    durable index
     consume URL OUTFILE LAST_ACKED DELAY_S         consume to OUTFILE (one JSON line per batch,
                                                    fsynced before the ack), until the queue is empty
+    stall URL                                      produce one batch; after its upload print
+                                                   "UPLOADED loc" and wait for a stdin line; once
+                                                   durable print "DURABLE seq loc", wait forever
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import sys
 import threading
 import time
 
+from hookstore import HookStore
+
 from headrace.buffer import Consumer, ConsumerConfig, Producer, ProducerConfig
+from headrace.store import open_store
 
 
 def produce(url: str, producer_id: str, n: int, flush_interval_s: float,
@@ -64,8 +70,28 @@ def consume(url: str, outfile: str, last_acked: str, delay_s: float) -> None:
     os.close(fd)
 
 
+def stall(url: str) -> None:
+    """A producer that stalls between upload and append until the parent says go."""
+    stalled = []
+
+    def after(verb: str, key: str) -> None:
+        if verb == "put" and key.endswith(".batch") and not stalled:
+            stalled.append(key)
+            print(f"UPLOADED {key}", flush=True)
+            sys.stdin.readline()
+
+    store = HookStore(open_store(url), after=after)
+    producer = Producer(ProducerConfig(store=store))
+    handle = producer.produce([b"stalled-1", b"stalled-2"])
+    handle.watcher.await_durable(60)
+    print(f"DURABLE {handle.watcher.sequence} {handle.watcher.location}", flush=True)
+    threading.Event().wait()  # the parent SIGKILLs us: no close(), no cleanup
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "produce":
+    if sys.argv[1] == "stall":
+        stall(sys.argv[2])
+    elif sys.argv[1] == "produce":
         interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.1
         pause = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
         produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), interval, pause)

@@ -10,7 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-from headrace.buffer import Consumer, ConsumerConfig, Producer, ProducerConfig, read_entries
+from headrace.buffer import (
+    Consumer,
+    ConsumerConfig,
+    GarbageCollector,
+    Producer,
+    ProducerConfig,
+    read_entries,
+)
+from headrace.codec import ManualClock, SystemClock
 from headrace.store import open_store
 
 WORKER = str(Path(__file__).with_name("buffer_worker.py"))
@@ -71,3 +79,34 @@ def test_consumer_killed_and_restarted_reads_each_batch_once(tmp_path):
     c = Consumer(ConsumerConfig(url=url, gc_interval_s=0))
     c.initialize()
     assert c.next_batch() is None  # the restarted consumer dequeued everything on close
+
+
+def test_producer_stalled_past_gc_then_killed_after_durable_loses_nothing(tmp_path):
+    """Issue 15 item 6 across processes: the producer stops between upload and append, a
+    collector (clock two hours ahead, so the producer's own age check cannot help) deletes the
+    file, the producer resumes, reports durable and is SIGKILLed at once. The consumer must
+    still read the batch: the producer put it back before reporting it durable."""
+    url = str(tmp_path / "q")
+    proc = subprocess.Popen([sys.executable, WORKER, "stall", url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("UPLOADED "), proc.stderr.read()[-2000:]
+        location = line.split()[1]
+        ahead = ManualClock(start_ms=SystemClock().now_ms() + 7_200_000)
+        collected = GarbageCollector(open_store(url), grace_period_s=600, clock=ahead).run_once()
+        assert collected.deleted == [location]
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line.startswith("DURABLE "), proc.stderr.read()[-2000:]
+        _, sequence, durable_at = line.split()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert durable_at == location
+    c = Consumer(ConsumerConfig(url=url, gc_interval_s=0))
+    c.initialize()
+    batch = c.next_batch()
+    assert (batch.sequence, batch.location) == (int(sequence), location)
+    assert batch.entries == [b"stalled-1", b"stalled-2"]

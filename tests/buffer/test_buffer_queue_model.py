@@ -23,7 +23,7 @@ class QueueModel(RuleBasedStateMachine):
         self.store = FaultyStore(MemoryStore(f"model-{next(_names)}"), seed=5)
         self.store.set_faults(fail_rate=0.1, lost_reply_rate=0.1)
         policy = RetryPolicy(max_attempts=1000, base_delay_s=0, max_delay_s=0)
-        self.producer = QueueProducer(self.store, M, policy)
+        self.producer = QueueProducer(self.store, M, policy, data_path_prefix="q")
         self.consumers: list[QueueConsumer] = []
         self.policy = policy
         self.model: list[tuple[int, str, bytes]] = []  # (sequence, location, payload)

@@ -86,9 +86,10 @@ def test_a_second_reader_fences_the_running_query(spark, tmp_path):
 
 
 def test_batch_to_arrow_maps_metadata_ranges():
-    from headrace.buffer.batch_format import encode_batch
+    from headrace.buffer.batch_format import decode_block, encode_batch
 
-    rb = batch_to_arrow(encode_batch([b"a", b"b", b"c"]), 9, "ingest/x.batch",
+    block = decode_block(encode_batch([b"a", b"b", b"c"]), "ingest/x.batch")
+    rb = batch_to_arrow(block, 9, "ingest/x.batch",
                         [(1, 5, b"m1"), (2, 6, b"m2")])
     assert rb.column("entry").to_pylist() == [b"a", b"b", b"c"]
     assert rb.column("sequence").to_pylist() == [9, 9, 9]

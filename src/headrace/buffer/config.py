@@ -1,10 +1,16 @@
-"""Producer and consumer configuration, defaulted as RFC 0001 does and validated on creation."""
+"""Producer and consumer configuration, defaulted as RFC 0001 does and validated on creation.
+
+Every refusal is ``InvalidInput`` naming the field, checked for type as well as range (a string
+where a number belongs is refused here, not as a TypeError deep in a thread).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from headrace.buffer.batch_format import COMPRESSIONS, DEFAULT_MAX_BLOCK_BYTES
+from headrace.errors import InvalidInput, InvalidKey
 from headrace.retry import RetryPolicy
 from headrace.store import ObjectStore, open_store, validate_key
 
@@ -12,20 +18,39 @@ DEFAULT_DATA_PREFIX = "ingest"
 DEFAULT_MANIFEST_PATH = "ingest/manifest"
 
 
-def _check_store(url: str | None, store: ObjectStore | None) -> None:
+def check_number(name: str, value: object, minimum: float, *, above: bool = False,
+                 integer: bool = False) -> None:
+    """``value`` must be a finite number (an int if ``integer``) >= ``minimum`` (> if ``above``)."""
+    kinds = (int,) if integer else (int, float)
+    if (isinstance(value, bool) or not isinstance(value, kinds)
+            or (isinstance(value, float) and not math.isfinite(value))):
+        kind = "an integer" if integer else "a finite number"
+        raise InvalidInput(f"{name}: must be {kind}, got {value!r}")
+    if value < minimum or (above and value == minimum):
+        raise InvalidInput(f"{name}: must be {'>' if above else '>='} {minimum}, got {value!r}")
+
+
+def _check_store(url: object, store: object) -> None:
     if (url is None) == (store is None):
-        raise ValueError("url: give exactly one of url= or store=")
+        raise InvalidInput("url: give exactly one of url= or store=")
     if url is not None and (not isinstance(url, str) or not url):
-        raise ValueError(f"url: must be a non-empty string, got {url!r}")
+        raise InvalidInput(f"url: must be a non-empty string, got {url!r}")
     if store is not None and not isinstance(store, ObjectStore):
-        raise ValueError(f"store: must be an ObjectStore, got {type(store).__name__}")
+        raise InvalidInput(f"store: must be an ObjectStore, got {type(store).__name__}")
 
 
-def _check_key(name: str, value: str) -> None:
+def _check_key(name: str, value: object) -> None:
     try:
         validate_key(value)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from e
+    except InvalidKey as e:
+        raise InvalidInput(f"{name}: {e}") from e
+    except UnicodeError as e:
+        raise InvalidInput(f"{name}: {value!r} is not encodable as UTF-8") from e
+
+
+def _check_policy(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, RetryPolicy):
+        raise InvalidInput(f"{name}: must be a RetryPolicy or None, got {type(value).__name__}")
 
 
 @dataclass
@@ -40,20 +65,24 @@ class ProducerConfig:
     batch_compression: str = "none"  # "none" | "zstd"
     retry: RetryPolicy | None = None  # transient store errors on batch uploads
     cas_retry: RetryPolicy | None = None  # manifest compare-and-set loop
+    # the collector's grace period: a batch file is appended only within half of it after it
+    # was named, else uploaded again under a fresh name (the collector may have taken it)
+    gc_grace_period_s: float = 600.0
 
     def __post_init__(self) -> None:
         _check_store(self.url, self.store)
         _check_key("data_path_prefix", self.data_path_prefix)
         _check_key("manifest_path", self.manifest_path)
-        if not self.flush_interval_s > 0:
-            raise ValueError("flush_interval_s: must be > 0")
-        if self.flush_size_bytes < 1:
-            raise ValueError("flush_size_bytes: must be >= 1")
-        if self.max_buffered_inputs < 1:
-            raise ValueError("max_buffered_inputs: must be >= 1")
-        if self.batch_compression not in COMPRESSIONS:
-            raise ValueError(f"batch_compression: must be one of {sorted(COMPRESSIONS)}, "
-                             f"got {self.batch_compression!r}")
+        check_number("flush_interval_s", self.flush_interval_s, 0, above=True)
+        check_number("flush_size_bytes", self.flush_size_bytes, 1, integer=True)
+        check_number("max_buffered_inputs", self.max_buffered_inputs, 1, integer=True)
+        check_number("gc_grace_period_s", self.gc_grace_period_s, 0, above=True)
+        if not isinstance(self.batch_compression, str) or \
+                self.batch_compression not in COMPRESSIONS:
+            raise InvalidInput(f"batch_compression: must be one of {sorted(COMPRESSIONS)}, "
+                               f"got {self.batch_compression!r}")
+        _check_policy("retry", self.retry)
+        _check_policy("cas_retry", self.cas_retry)
 
     def open_store(self) -> ObjectStore:
         return self.store if self.store is not None else open_store(self.url)
@@ -76,14 +105,12 @@ class ConsumerConfig:
         _check_store(self.url, self.store)
         _check_key("manifest_path", self.manifest_path)
         _check_key("data_path_prefix", self.data_path_prefix)
-        if self.gc_interval_s < 0:
-            raise ValueError("gc_interval_s: must be >= 0 (0 = no background GC)")
-        if self.gc_grace_period_s < 0:
-            raise ValueError("gc_grace_period_s: must be >= 0")
-        if self.acks_per_dequeue < 1:
-            raise ValueError("acks_per_dequeue: must be >= 1")
-        if self.max_batch_bytes < 1:
-            raise ValueError("max_batch_bytes: must be >= 1")
+        check_number("gc_interval_s", self.gc_interval_s, 0)  # 0 = no background GC
+        check_number("gc_grace_period_s", self.gc_grace_period_s, 0)
+        check_number("acks_per_dequeue", self.acks_per_dequeue, 1, integer=True)
+        check_number("max_batch_bytes", self.max_batch_bytes, 1, integer=True)
+        _check_policy("retry", self.retry)
+        _check_policy("cas_retry", self.cas_retry)
 
     def open_store(self) -> ObjectStore:
         return self.store if self.store is not None else open_store(self.url)

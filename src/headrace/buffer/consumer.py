@@ -1,8 +1,9 @@
 """Consumer: the single active reader of the queue, with read-ahead and in-order acks.
 
 ``initialize`` bumps the manifest epoch (fencing any earlier consumer); ``next_batch`` reads the
-entry after the read cursor and its batch file; ``ack`` must name the sequence right after the
-last acked one; every ``acks_per_dequeue`` acks (and on ``flush``/``close``) acked entries are
+entry after the read cursor and its batch file (an unreadable one raises, naming the entry,
+until ``skip_batch`` records a skip of it: then it comes back empty with ``skipped`` set);
+``ack`` must name the sequence right after the last acked one; every ``acks_per_dequeue`` acks (and on ``flush``/``close``) acked entries are
 dequeued. Every call that touches the queue checks the epoch and raises ``Fenced`` if it moved.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
+from headrace.buffer.batches import fetch_batch
 from headrace.buffer.config import ConsumerConfig
 from headrace.buffer.gc import GarbageCollector
 from headrace.buffer.queue import QueueConsumer, read_manifest
@@ -22,7 +23,7 @@ from headrace.buffer.types import (
     OutOfOrderAck,
 )
 from headrace.codec import Clock, SystemClock
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, InvalidInput
 from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
 from headrace.store import ObjectStore
@@ -30,33 +31,35 @@ from headrace.store import ObjectStore
 log = logging.getLogger("headrace.buffer.consumer")
 
 
-def fetch_batch(store: ObjectStore, entry: ManifestEntry, *,
-                retry: RetryPolicy | None = None,
-                max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> ConsumedBatch:
-    """Read and decode the batch file a manifest entry points at."""
-    data = (retry or RetryPolicy()).call(lambda: store.get(entry.location).data,
-                                         what=f"read {entry.location}")
-    block = decode_block(data, entry.location, max_batch_bytes)
-    return ConsumedBatch(block.entries(), entry.sequence, entry.location, list(entry.metadata))
-
-
 def read_entries(store: ObjectStore, manifest_path: str, after_sequence: int | None,
-                 max_batches: int | None = None) -> list[ConsumedBatch]:
+                 max_batches: int | None = None, *,
+                 data_path_prefix: str | None = None) -> list[ConsumedBatch]:
     """Read-only: the batches with sequence > ``after_sequence`` (all if None), in order.
 
-    Never bumps the epoch and never dequeues; for drivers and tools that track their own position.
+    Never bumps the epoch and never dequeues; for drivers and tools that track their own
+    position. An unreadable batch raises (``MissingBatch``, ``InvalidLocation``,
+    ``FormatError``) unless its skip is recorded; ``data_path_prefix`` also refuses locations
+    outside the queue's prefix.
     """
     entries = list_entries(store, manifest_path, after_sequence, max_batches)
-    return [fetch_batch(store, e) for e in entries]
+    return [fetch_batch(store, e, manifest_path=manifest_path,
+                        data_path_prefix=data_path_prefix) for e in entries]
 
 
 def list_entries(store: ObjectStore, manifest_path: str, after_sequence: int | None,
                  max_batches: int | None = None) -> list[ManifestEntry]:
     """Read-only: the manifest entries with sequence > ``after_sequence``."""
+    if after_sequence is not None:
+        _check_sequence(after_sequence, "after_sequence")
     entries = read_manifest(store, manifest_path).entries
     if after_sequence is not None:
         entries = [e for e in entries if e.sequence > after_sequence]
     return entries if max_batches is None else entries[:max_batches]
+
+
+def _check_sequence(value: object, name: str = "sequence") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{name}: must be an integer, got {value!r}")
 
 
 class Consumer(PrometheusExport):
@@ -75,7 +78,8 @@ class Consumer(PrometheusExport):
         self._acks_since_dequeue = 0
         self._known_next_sequence = 0
         self._queue_length = 0
-        self._stats = {"batches_consumed": 0, "records_consumed": 0, "bytes_consumed": 0}
+        self._stats = {"batches_consumed": 0, "records_consumed": 0, "bytes_consumed": 0,
+                       "batches_skipped": 0}
         self.gc: GarbageCollector | None = None
         self._closed = False
 
@@ -90,8 +94,10 @@ class Consumer(PrometheusExport):
                 first = manifest.first_sequence
                 acked = (first if first is not None else manifest.next_sequence) - 1
             else:
-                if last_acked_sequence < -1:
-                    raise ValueError("last_acked_sequence: must be >= 0 (or None)")
+                if (isinstance(last_acked_sequence, bool)
+                        or not isinstance(last_acked_sequence, int) or last_acked_sequence < -1):
+                    raise InvalidInput("last_acked_sequence: must be an integer >= 0 (or None), "
+                                       f"got {last_acked_sequence!r}")
                 acked = last_acked_sequence
                 first = manifest.first_sequence
                 if first is not None and first > acked + 1:
@@ -151,9 +157,12 @@ class Consumer(PrometheusExport):
             if entry.sequence != self._cursor + 1:
                 log.warning("read cursor at %d but the next entry is %d", self._cursor,
                             entry.sequence)
-            batch = fetch_batch(self.store, entry, retry=self._retry,
-                                max_batch_bytes=self.config.max_batch_bytes)
+            # unreadable → a typed error naming the entry, and the cursor stays (unless skipped)
+            batch = fetch_batch(self.store, entry, manifest_path=self.config.manifest_path,
+                                data_path_prefix=self.config.data_path_prefix,
+                                retry=self._retry, max_batch_bytes=self.config.max_batch_bytes)
             self._cursor = entry.sequence
+            self._stats["batches_skipped"] += batch.skipped is not None
             self._stats["batches_consumed"] += 1
             self._stats["records_consumed"] += len(batch.entries)
             self._stats["bytes_consumed"] += sum(map(len, batch.entries))
@@ -171,6 +180,7 @@ class Consumer(PrometheusExport):
     # -- acknowledging ---------------------------------------------------------------------------
     def ack(self, sequence: int) -> None:
         """Acknowledge ``sequence``, which must directly follow the last acked one."""
+        _check_sequence(sequence)
         with self._lock:
             self._ready()
             if sequence != self._acked + 1:
@@ -179,6 +189,7 @@ class Consumer(PrometheusExport):
 
     def ack_through(self, sequence: int) -> None:
         """Acknowledge every sequence up to ``sequence``; acking an acked range is a no-op."""
+        _check_sequence(sequence)
         with self._lock:
             self._ready()
             if sequence <= self._acked:

@@ -3,8 +3,11 @@
 A batch file is deleted only if all hold: its name is ``{ULID}.batch`` directly under the data
 prefix; the manifest snapshot does not reference it; its ULID time is older than the oldest
 manifest entry's (a file uploaded but not yet enqueued is younger); and older than the grace
-period (covers a producer still retrying its manifest append). The manifest is read without
-fencing: the collector only observes it. Delete failures are logged and retried next cycle.
+period (covers a producer still retrying its manifest append). The manifest is read again just
+before deleting, so an append that landed while the collector listed spares its file (producers
+also refuse to append a file past half the grace period and check it after appending; see
+producer.py). The manifest is read without fencing: the collector only observes it. Delete
+failures are logged and retried next cycle.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from headrace.buffer.config import check_number
 from headrace.buffer.queue import read_manifest
 from headrace.codec import Clock, SystemClock, is_ulid, ulid_timestamp_ms
 from headrace.errors import StoreError
@@ -48,10 +52,8 @@ class GarbageCollector(PrometheusExport):
     def __init__(self, store: ObjectStore, *, manifest_path: str = "ingest/manifest",
                  data_path_prefix: str = "ingest", grace_period_s: float = 600.0,
                  interval_s: float = 300.0, clock: Clock | None = None):
-        if grace_period_s < 0:
-            raise ValueError("grace_period_s: must be >= 0")
-        if interval_s <= 0:
-            raise ValueError("interval_s: must be > 0")
+        check_number("grace_period_s", grace_period_s, 0)
+        check_number("interval_s", interval_s, 0, above=True)
         self.store = store
         self.manifest_path = manifest_path
         self.data_path_prefix = data_path_prefix
@@ -89,6 +91,14 @@ class GarbageCollector(PrometheusExport):
                 result.kept += 1
                 continue
             candidates.append(meta.key)
+        if candidates:  # a late append may have landed since the first read: read again
+            again = {e.location for e in read_manifest(self.store, self.manifest_path).entries}
+            spared = [k for k in candidates if k in again]
+            if spared:
+                log.warning("GC spares %d file(s) enqueued while it was listing: %s",
+                            len(spared), spared[:3])
+                result.kept += len(spared)
+                candidates = [k for k in candidates if k not in again]
         for i in range(0, len(candidates), 1000):
             chunk = candidates[i : i + 1000]
             try:

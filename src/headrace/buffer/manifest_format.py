@@ -11,8 +11,9 @@ Layout (little-endian)::
 Appending (``append_entry``) strips the footer of a ``bytearray`` in place, appends the encoded
 entry and a new footer: O(1) in the number of entries, no existing entry is read. Decoding
 (``decode_manifest``) validates every length against the bytes present, that sequences are
-contiguous and end at ``next_sequence - 1``, and that locations are valid object keys.
-See docs/formats/queue-manifest.md.
+contiguous and end at ``next_sequence - 1``, and that locations are UTF-8. Whether a location
+is a key the queue may read is checked per entry by its readers (``locations.py``), so one bad
+entry does not make the whole manifest undecodable. See docs/formats/queue-manifest.md.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from headrace.buffer.types import ManifestEntry, Metadata
-from headrace.errors import FormatError, InvalidInput, InvalidKey
-from headrace.store import validate_key
+from headrace.errors import FormatError, InvalidInput
 
 VERSION = 1
 FOOTER = struct.Struct("<IQQH")
@@ -154,13 +154,10 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
     p += 2
     if loc_len > end - p:
         raise FormatError(key, p - 2, f"location_len {loc_len} exceeds the entry")
-    try:
-        location = bytes(buf[p : p + loc_len]).decode("utf-8")
-        validate_key(location)
+    try:  # whether the location is a key this queue may read is the reader's check
+        location = bytes(buf[p : p + loc_len]).decode("utf-8")  # (locations.py), per entry
     except UnicodeDecodeError as e:
         raise FormatError(key, p, f"location is not UTF-8: {e.reason}") from e
-    except InvalidKey as e:
-        raise FormatError(key, p, f"location is not a valid object key: {e.reason}") from e
     p += loc_len
     if end - p < 4:
         raise FormatError(key, p, "entry too short for metadata_count")

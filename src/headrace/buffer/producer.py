@@ -6,7 +6,9 @@ behind, callers block, which is the backpressure. A batch is cut when it reaches
 ``flush_size_bytes`` or when ``flush_interval_s`` has passed since its first entry, encoded, and
 handed to ``headrace-buffer-uploader`` (a queue of one, so at most two encoded batches wait),
 which puts ``{data_path_prefix}/{ULID}.batch`` with Create, appends the location to the manifest
-(CAS) and only then resolves that batch's handles — in hand-off order, so per-producer order holds.
+(CAS; refused past half the collector's grace period, then re-uploaded under a fresh name),
+checks the file is still there, and only then resolves that batch's handles — in hand-off
+order, so per-producer order holds.
 Encoding the next batch (CPU) overlaps the upload of the previous one (I/O). A failed flush fails
 every handle of its batch with the cause, so nothing is reported durable that is not.
 """
@@ -25,15 +27,17 @@ import numpy as np
 from headrace.buffer.batch_format import COMPRESSIONS, encode_batch
 from headrace.buffer.config import ProducerConfig
 from headrace.buffer.queue import QueueProducer
-from headrace.buffer.types import Metadata
-from headrace.codec import Clock, SystemClock, new_ulid
-from headrace.errors import AlreadyExists, HeadraceError, InvalidInput
+from headrace.buffer.types import Metadata, StaleBatch
+from headrace.codec import Clock, SystemClock, new_ulid, ulid_timestamp_ms
+from headrace.errors import AlreadyExists, HeadraceError, InvalidInput, NotFound
 from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
 from headrace.store import CREATE
 
 log = logging.getLogger("headrace.buffer.producer")
 _STOP = object()
+_MAX_STALE_REUPLOADS = 5  # fresh names tried when appends keep missing their window
+_MAX_PUT_BACKS = 3  # a file that vanished after its append is put back at most this often
 
 
 class DurabilityWatcher:
@@ -94,7 +98,10 @@ class Producer(PrometheusExport):
         self.clock = clock or SystemClock()
         self.store = config.open_store()
         self._retry = config.retry or RetryPolicy()
-        self._queue_producer = QueueProducer(self.store, config.manifest_path, config.cas_retry)
+        self._queue_producer = QueueProducer(self.store, config.manifest_path, config.cas_retry,
+                                             data_path_prefix=config.data_path_prefix,
+                                             clock=self.clock)
+        self._append_window_ms = int(config.gc_grace_period_s * 500)  # half the grace, in ms
         self._compression = COMPRESSIONS[config.batch_compression]
         self._inbox: queue.Queue = queue.Queue(maxsize=config.max_buffered_inputs)
         self._closed = False
@@ -102,7 +109,8 @@ class Producer(PrometheusExport):
         self._error: BaseException | None = None
         self._stats_lock = threading.Lock()
         self._stats = {"records_produced": 0, "bytes_produced": 0, "batches_flushed": 0,
-                       "batch_bytes_written": 0, "failed_flushes": 0, "produce_calls": 0}
+                       "batch_bytes_written": 0, "failed_flushes": 0, "produce_calls": 0,
+                       "batches_reuploaded": 0}
         self._flush_latencies_ms: deque[float] = deque(maxlen=1024)
         # encoded batches wait here for the uploader: one in flight + one queued bounds memory
         self._uploads: queue.Queue = queue.Queue(maxsize=1)
@@ -232,7 +240,7 @@ class Producer(PrometheusExport):
             elif isinstance(item, _Flush):
                 item.done.set()
 
-    def _put_batch(self, location: str, data: bytes) -> None:
+    def _put_batch(self, location: str, data: bytes, *, fresh: bool = True) -> None:
         attempt = 0
 
         def put() -> None:
@@ -241,9 +249,56 @@ class Producer(PrometheusExport):
             try:
                 self.store.put(location, data, CREATE)
             except AlreadyExists:
-                if attempt == 1:  # a fresh ULID cannot exist unless our earlier try landed
+                if fresh and attempt == 1:  # a fresh ULID cannot exist unless our try landed
                     raise
         self._retry.call(put, what=f"upload {location}")
+
+    def _make_durable(self, data: bytes, items: list[Metadata]) -> tuple[int, str]:
+        """Upload, append, verify: the entry is reported only once its file is known present.
+
+        The collector deletes unreferenced files older than its grace period, so a producer
+        that stalled between upload and append could append a deleted file. Each manifest PUT
+        is therefore allowed only within half the grace period of the file's ULID time
+        (``StaleBatch`` otherwise: upload again under a fresh name), and after the append the
+        file is checked (HEAD) and put back if it vanished anyway (a stall after the check,
+        or a collector whose clock runs ahead).
+        """
+        prefix = self.config.data_path_prefix
+        for _ in range(_MAX_STALE_REUPLOADS + 1):
+            ulid = new_ulid(self.clock)
+            location = f"{prefix}/{ulid}.batch"
+            self._put_batch(location, data)
+            try:
+                sequence = self._queue_producer.enqueue(
+                    location, items, named_at_ms=ulid_timestamp_ms(ulid),
+                    window_ms=self._append_window_ms)
+            except StaleBatch as e:
+                log.warning("%s; uploading it again under a fresh name", e)
+                self._count("batches_reuploaded")
+                continue
+            self._ensure_present(location, data)
+            return sequence, location
+        raise HeadraceError(f"gave up after {_MAX_STALE_REUPLOADS} fresh uploads: upload + "
+                            f"append take longer than the {self._append_window_ms} ms append "
+                            "window (half of gc_grace_period_s)")
+
+    def _ensure_present(self, location: str, data: bytes) -> None:
+        """After the append: the file must exist before anything is reported durable."""
+        for _ in range(_MAX_PUT_BACKS):
+            try:
+                self._retry.call(lambda: self.store.head(location), what=f"check {location}")
+                return
+            except NotFound:
+                log.warning("batch %s vanished before its manifest entry landed (collected "
+                            "during a stall?): putting it back", location)
+                self._count("batches_reuploaded")
+                self._put_batch(location, data, fresh=False)
+        raise HeadraceError(f"batch {location} keeps vanishing after its append: is a "
+                            "collector running with a clock far ahead or a shorter grace?")
+
+    def _count(self, name: str) -> None:
+        with self._stats_lock:
+            self._stats[name] += 1
 
     def _encode_and_hand_off(self, entries: list[bytes], items: list[Metadata],
                              watchers: list[DurabilityWatcher], size: int) -> None:
@@ -274,9 +329,7 @@ class Producer(PrometheusExport):
                 continue
             data, items, watchers, size, n, t0 = job
             try:
-                location = f"{self.config.data_path_prefix}/{new_ulid(self.clock)}.batch"
-                self._put_batch(location, data)
-                sequence = self._queue_producer.enqueue(location, items)
+                sequence, location = self._make_durable(data, items)
             except Exception as e:  # noqa: BLE001 - every handle of the batch learns the cause
                 self._fail_batch(watchers, n, e)
                 continue

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from headrace.buffer.config import DEFAULT_DATA_PREFIX
+from headrace.buffer.locations import check_enqueue_location
 from headrace.buffer.manifest_format import (
     EMPTY_MANIFEST,
     U64_MAX,
@@ -26,7 +28,8 @@ from headrace.buffer.manifest_format import (
     read_footer,
     set_epoch,
 )
-from headrace.buffer.types import Fenced, ManifestEntry, Metadata
+from headrace.buffer.types import Fenced, ManifestEntry, Metadata, StaleBatch
+from headrace.codec import Clock, SystemClock
 from headrace.errors import (
     AlreadyExists,
     HeadraceError,
@@ -139,10 +142,27 @@ class _ManifestRole:
 
 
 class QueueProducer(_ManifestRole):
-    """Appends batch locations to the manifest; carries the epoch unchanged."""
+    """Appends batch locations to the manifest; carries the epoch unchanged.
 
-    def enqueue(self, location: str, metadata: Iterable[Metadata]) -> int:
-        """Append ``location`` and return its sequence."""
+    Only locations under ``data_path_prefix`` are accepted: every reader would read them.
+    """
+
+    def __init__(self, store: ObjectStore, manifest_path: str,
+                 policy: RetryPolicy | None = None, *,
+                 data_path_prefix: str = DEFAULT_DATA_PREFIX, clock: Clock | None = None):
+        super().__init__(store, manifest_path, policy)
+        self.data_path_prefix = data_path_prefix
+        self.clock = clock or SystemClock()
+
+    def enqueue(self, location: str, metadata: Iterable[Metadata], *,
+                named_at_ms: int | None = None, window_ms: int | None = None) -> int:
+        """Append ``location`` and return its sequence.
+
+        With ``named_at_ms``/``window_ms``, every manifest PUT is preceded by a check that the
+        batch is younger than the window; else ``StaleBatch`` (nothing appended): the
+        collector may already have deleted the file.
+        """
+        check_enqueue_location(location, self.data_path_prefix)
         metadata = tuple(metadata)
 
         def step(data: bytes, ambiguous: bool) -> tuple[bytes | None, int]:
@@ -150,6 +170,10 @@ class QueueProducer(_ManifestRole):
                 for entry in decode_manifest(data, self.manifest_path).entries:
                     if entry.location == location:
                         return None, entry.sequence
+            if named_at_ms is not None and window_ms is not None:
+                age_ms = self.clock.now_ms() - named_at_ms
+                if age_ms >= window_ms:
+                    raise StaleBatch(location, age_ms, window_ms)
             buf = bytearray(data)
             seq = append_entry(buf, location, metadata, self.manifest_path)
             return bytes(buf), seq

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, InvalidInput, NotFound
+
+_SKIP_HINT = "`headrace queue skip` (or headrace.buffer.skip_batch) records a skip of it"
 
 
 class Fenced(HeadraceError):
@@ -29,6 +31,65 @@ class OutOfOrderAck(HeadraceError):
                          + (f" ({why})" if why else ""))
         self.sequence = sequence
         self.expected = expected
+
+
+class MissingBatch(NotFound):
+    """A queue entry whose batch file is gone: the consumer stays at it until it is skipped.
+
+    Also a ``NotFound`` (and ``FileNotFoundError``): code that caught the raw store error keeps
+    working, but this one names the entry.
+    """
+
+    def __init__(self, manifest_path: str, sequence: int, location: str):
+        super().__init__(location)
+        self.manifest_path = manifest_path
+        self.sequence = sequence
+        self.location = location
+
+    def __str__(self) -> str:
+        return (f"queue {self.manifest_path!r}: the batch of sequence {self.sequence} at "
+                f"{self.location!r} is missing; {_SKIP_HINT}")
+
+
+class InvalidLocation(InvalidInput):
+    """A queue entry whose location is not a key under the queue's data prefix (or any key):
+    reading it would read (or escape to) objects that are not this queue's batches."""
+
+    def __init__(self, manifest_path: str, sequence: int, location: str, why: str):
+        super().__init__(f"queue {manifest_path!r}: sequence {sequence} has location "
+                         f"{location!r}, refused: {why}; {_SKIP_HINT}")
+        self.manifest_path = manifest_path
+        self.sequence = sequence
+        self.location = location
+        self.why = why
+
+
+class StaleBatch(HeadraceError):
+    """An append refused because its batch file is old enough for the collector to have taken
+    it: the producer uploads the batch again under a fresh name instead."""
+
+    def __init__(self, location: str, age_ms: int, window_ms: int):
+        super().__init__(f"batch {location!r} is {age_ms} ms old, past the {window_ms} ms "
+                         "append window (half the collector's grace period): not appended")
+        self.location = location
+        self.age_ms = age_ms
+        self.window_ms = window_ms
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """One recorded skip of an unreadable batch (the audit trail of ``headrace queue skip``).
+
+    ``cause`` is ``missing``, ``unreadable`` (does not decode) or ``invalid_location``.
+    """
+
+    sequence: int
+    location: str
+    cause: str
+    reason: str
+    skipped_at_ms: int
+    actor: str
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,4 +118,5 @@ class ConsumedBatch:
     sequence: int
     location: str
     metadata: list[Metadata] = field(default_factory=list)
+    skipped: SkipRecord | None = None  # set (and entries empty) for a recorded skip
 

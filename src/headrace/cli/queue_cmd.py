@@ -1,16 +1,17 @@
-"""`headrace queue ...`: inspect, verify, stats and garbage-collect a buffer queue (read-only
-except gc: nothing here bumps the epoch or dequeues)."""
+"""`headrace queue ...`: inspect, verify, stats, garbage-collect a buffer queue, and skip a batch
+that cannot be read (recorded in the skip log). Nothing here bumps the epoch or dequeues."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from headrace.buffer import GarbageCollector, read_manifest
-from headrace.buffer.batch_format import decode_block
+from headrace.buffer import GarbageCollector, SkipRecord, fetch_block, read_manifest, read_skips
+from headrace.buffer import skip_batch as record_skip
 from headrace.buffer.config import DEFAULT_DATA_PREFIX, DEFAULT_MANIFEST_PATH
 from headrace.buffer.gc import batch_file_ulid
 from headrace.errors import HeadraceError
@@ -37,8 +38,13 @@ def queue_group() -> None:
 @_manifest_opt
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def inspect(url: str, manifest_path: str, as_json: bool) -> None:
-    """Print the manifest: epoch, next sequence, entries with their metadata."""
-    m = read_manifest(open_store(url), manifest_path)
+    """Print the manifest: epoch, next sequence, entries with their metadata, recorded skips."""
+    store = open_store(url)
+    try:
+        m = read_manifest(store, manifest_path)
+        skips = read_skips(store, manifest_path)
+    except HeadraceError as e:
+        raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps({
             "manifest_path": manifest_path, "epoch": m.epoch, "next_sequence": m.next_sequence,
@@ -46,6 +52,7 @@ def inspect(url: str, manifest_path: str, as_json: bool) -> None:
             "entries": [{"sequence": e.sequence, "location": e.location, "metadata": [
                 {"start_index": md.start_index, "ingestion_time_ms": md.ingestion_time_ms,
                  "payload": _payload(md.payload)} for md in e.metadata]} for e in m.entries],
+            "skipped": [dataclasses.asdict(r) for r in skips.values()],
         }, indent=2))
         return
     table = Table("sequence", "location", "metadata (start_index @ time_ms: payload)")
@@ -54,24 +61,50 @@ def inspect(url: str, manifest_path: str, as_json: bool) -> None:
             f"{md.start_index} @ {md.ingestion_time_ms}: {_payload(md.payload)}"
             for md in e.metadata))
     Console().print(table)
-    click.echo(f"{len(m.entries)} entries, next_sequence {m.next_sequence}, epoch {m.epoch}")
+    click.echo(f"{len(m.entries)} entries, next_sequence {m.next_sequence}, epoch {m.epoch}, "
+               f"{len(skips)} skips recorded")
 
 
 @queue_group.command("verify")
 @click.argument("url")
 @_manifest_opt
-def verify(url: str, manifest_path: str) -> None:
-    """Decode the manifest and every batch file it references; exit 1 on the first bad one."""
+@_prefix_opt
+def verify(url: str, manifest_path: str, data_path_prefix: str) -> None:
+    """Read every batch the manifest references; exit 1 on the first unreadable one that has no
+    recorded skip."""
     store = open_store(url)
+    records = skipped = 0
     try:
         m = read_manifest(store, manifest_path)
-        records = 0
         for e in m.entries:
-            block = decode_block(store.get(e.location).data, e.location)
-            records += len(block.starts)
+            got = fetch_block(store, manifest_path, e, data_path_prefix=data_path_prefix)
+            if isinstance(got, SkipRecord):
+                skipped += 1
+            else:
+                records += len(got.starts)
     except HeadraceError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"ok: {len(m.entries)} entries, {records} records")
+    click.echo(f"ok: {len(m.entries)} entries, {records} records, {skipped} skipped")
+
+
+@queue_group.command("skip")
+@click.argument("url")
+@click.argument("sequence", type=int)
+@click.option("--reason", required=True, help="Why (kept in the skip log for audit).")
+@_manifest_opt
+@_prefix_opt
+def skip(url: str, sequence: int, reason: str, manifest_path: str,
+         data_path_prefix: str) -> None:
+    """Record that entry SEQUENCE is skipped because its batch cannot be read (missing,
+    undecodable or at a refused location). Consumers then get it as an empty batch. Refused
+    for a batch that reads fine."""
+    try:
+        r = record_skip(open_store(url), manifest_path, sequence, reason=reason,
+                        data_path_prefix=data_path_prefix)
+    except HeadraceError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"skipped sequence {r.sequence} ({r.location}, {r.cause}) by {r.actor}: "
+               f"{r.reason}")
 
 
 @queue_group.command("stats")

@@ -9,7 +9,11 @@ stateless, never touching the manifest. ``commit(end)`` acks through ``end - 1``
 
 Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
-``gc_interval_s`` / ``gc_grace_period_s`` (the consumer's collector; 0 turns it off).
+``data_path_prefix`` (default: the manifest's folder, so ``q/manifest`` reads batches under
+``q/``; a location outside it is refused), ``gc_interval_s`` / ``gc_grace_period_s`` (the
+consumer's collector; 0 turns it off). A batch that cannot be read raises the buffer's typed
+error (``MissingBatch`` names sequence and location); one recorded with ``headrace queue skip``
+reads as empty.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from headrace.buffer import Consumer, ConsumerConfig, ManifestEntry, list_entries, read_manifest
-from headrace.buffer.batch_format import DEFAULT_MAX_BLOCK_BYTES, decode_block
-from headrace.buffer.config import DEFAULT_MANIFEST_PATH
+from headrace.buffer.batch_format import DecodedBlock
+from headrace.buffer.batches import fetch_block
+from headrace.buffer.config import DEFAULT_DATA_PREFIX, DEFAULT_MANIFEST_PATH
+from headrace.buffer.types import SkipRecord
 from headrace.errors import FormatError, HeadraceError
 from headrace.retry import RetryPolicy
 from headrace.store import open_store
@@ -45,10 +51,14 @@ ARROW_SCHEMA = pa.schema([("sequence", pa.int64()), ("index", pa.int32()),
 class QueuePartition(InputPartition):
     """The batches one task reads: (sequence, location, metadata items) each."""
 
-    def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]]):
+    def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
+                 manifest_path: str = DEFAULT_MANIFEST_PATH,
+                 data_path_prefix: str = DEFAULT_DATA_PREFIX):
         super().__init__(batches[0][0] if batches else 0)
         self.url = url
         self.batches = batches
+        self.manifest_path = manifest_path
+        self.data_path_prefix = data_path_prefix
 
 
 def _int_option(options, name: str, default: int | None, minimum: int) -> int | None:
@@ -71,6 +81,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError("option url: required (the store URL holding the queue)")
         self.url = url
         self.manifest_path = options.get("manifest_path", DEFAULT_MANIFEST_PATH)
+        default_prefix = self.manifest_path.rpartition("/")[0] or DEFAULT_DATA_PREFIX
+        self.data_path_prefix = options.get("data_path_prefix", default_prefix)
         self.max_batches = _int_option(options, "max_batches_per_trigger", None, 1)
         self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
         self.gc_interval_s = float(options.get("gc_interval_s", "300"))
@@ -91,7 +103,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The driver-side consumer, created (and the epoch bumped) on first use."""
         if self._consumer is None:
             consumer = Consumer(ConsumerConfig(
-                url=self.url, manifest_path=self.manifest_path, gc_interval_s=self.gc_interval_s,
+                url=self.url, manifest_path=self.manifest_path,
+                data_path_prefix=self.data_path_prefix, gc_interval_s=self.gc_interval_s,
                 gc_grace_period_s=self.gc_grace_period_s))
             consumer.initialize()  # fences any earlier query on this queue
             self._consumer = consumer
@@ -146,14 +159,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     [(m.start_index, m.ingestion_time_ms, m.payload)
                      for m in self._planned[s].metadata]) for s in wanted]
         n = self.batches_per_partition
-        return [QueuePartition(self.url, batches[i : i + n]) for i in range(0, len(batches), n)]
+        return [QueuePartition(self.url, batches[i : i + n], self.manifest_path,
+                               self.data_path_prefix) for i in range(0, len(batches), n)]
 
     def read(self, partition: QueuePartition) -> Iterator[pa.RecordBatch]:
-        store = open_store(partition.url)
-        retry = RetryPolicy()
-        for sequence, location, metadata in partition.batches:
-            data = retry.call(lambda loc=location: store.get(loc).data, what=f"read {location}")
-            yield batch_to_arrow(data, sequence, location, metadata)
+        yield from read_batches(partition.url, partition.manifest_path,
+                                partition.data_path_prefix, partition.batches)
 
     def commit(self, end: dict) -> None:
         through = int(end["sequence"]) - 1
@@ -168,11 +179,23 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._consumer.close()
 
 
-def batch_to_arrow(data: bytes, sequence: int, location: str,
-                   metadata: list[tuple[int, int, bytes]],
-                   max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> pa.RecordBatch:
-    """One batch file as an Arrow record batch of the source's schema (vectorised)."""
-    block = decode_block(data, location, max_batch_bytes)
+def read_batches(url: str, manifest_path: str, data_path_prefix: str,
+                 batches: list[tuple[int, str, list[tuple[int, int, bytes]]]]):
+    """Executor side: fetch and decode each (sequence, location, metadata) batch; a recorded
+    skip yields nothing, an unreadable batch raises the buffer's typed error."""
+    store = open_store(url)
+    retry = RetryPolicy()
+    for sequence, location, metadata in batches:
+        got = fetch_block(store, manifest_path, ManifestEntry(sequence, location, ()),
+                          data_path_prefix=data_path_prefix, retry=retry)
+        if isinstance(got, SkipRecord):
+            continue
+        yield batch_to_arrow(got, sequence, location, metadata)
+
+
+def batch_to_arrow(block: DecodedBlock, sequence: int, location: str,
+                   metadata: list[tuple[int, int, bytes]]) -> pa.RecordBatch:
+    """One decoded batch as an Arrow record batch of the source's schema (vectorised)."""
     n = len(block.starts)
     entry = block.entry_array()
     md_starts = np.array([m[0] for m in metadata], dtype=np.int64)
