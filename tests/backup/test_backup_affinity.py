@@ -14,7 +14,13 @@ import zlib
 from backup_testlib import read_tree, sample_tree, write_tree
 from blake3 import blake3
 
-from headrace.backup import BackupConfig, BackupManager, RestoreManager, decode_index
+from headrace.backup import (
+    SCHEMA_VERSION,
+    BackupConfig,
+    BackupManager,
+    RestoreManager,
+    decode_index,
+)
 from headrace.backup.digest import chunk_digest, content_hash, local_file_digests
 from headrace.backup.index import FORMAT_NAME
 from headrace.store import CountingStore, LocalStore
@@ -66,7 +72,7 @@ def test_stale_self_checked_file_of_the_same_size_is_downloaded(tmp_path):
         (target / "checkpoints.headrace").write_bytes(stale)
         for where in (target, src):
             store.reset()
-            result = rm.restore(index_id, where)
+            result = rm.restore(index_id, where, force=where == src)  # src: never restored
             assert not result.reused_directory
             assert result.files_downloaded == 1 and result.files_reused == 1
             assert (where / "checkpoints.headrace").read_bytes() == backed_up
@@ -102,7 +108,7 @@ def test_every_present_file_has_its_content_hash(tmp_path):
     write_tree(src, sample_tree())
     with BackupManager(store, config=CFG) as bm:
         index = bm.blobs.get_index(bm.upload(src, "c1"))
-    assert index.schema_version == 2
+    assert index.schema_version == SCHEMA_VERSION == 3
     for rel, f in index.dir_index.walk_files():
         data = (src / rel).read_bytes()
         chunks = [data[b.offset:b.offset + b.size] for b in f.blobs]
@@ -130,7 +136,7 @@ def test_schema_version_1_index_restores_and_downloads_instead_of_trusting_crc32
         result = rm.restore(v1, tmp_path / "new-host", redo_cleanup=False)
         assert result.files_downloaded == 7
         assert read_tree(tmp_path / "new-host") == sample_tree()
-        result = rm.restore(v1, src, redo_cleanup=False)
+        result = rm.restore(v1, src, redo_cleanup=False, force=True)
         assert not result.reused_directory and result.files_reused == 0
         assert read_tree(src) == sample_tree()
 

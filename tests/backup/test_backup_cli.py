@@ -25,7 +25,8 @@ def test_cli_create_ls_restore_sweep(tmp_path):
     res = runner.invoke(cli, ["backup", "sweep", url])
     assert res.exit_code == 0 and "deleted 0 indexes" in res.output
     res = runner.invoke(cli, ["restore", url, "01ARZ3NDEKTSV4RRFFQ69G5FAV-1", str(tmp_path / "x")])
-    assert res.exit_code == 1 and "NotFound" in res.output
+    assert res.exit_code == 2 and "01ARZ3NDEKTSV4RRFFQ69G5FAV-1" in res.stderr  # NotFound
+    assert not (tmp_path / "x").exists()
     res = runner.invoke(cli, ["backup", "create", str(src), url, "--checkpoint-id", "c",
                               "--workers", "0"])
     assert res.exit_code == 2 and "upload_workers" in res.output

@@ -35,7 +35,7 @@ if action == "sweep":
 if action == "restore":
     with RestoreManager(store, config=cfg) as rm:
         print("START", flush=True)
-        rm.restore(open(record).read(), sys.argv[5])
+        rm.restore(open(record).read(), sys.argv[5], force=True)
     sys.exit(0)
 prev = open(record).read() if os.path.exists(record) else None
 bm = BackupManager(store, config=cfg, previous_index_blob_id=prev)
@@ -140,9 +140,10 @@ def test_sigkill_mid_restore_leaves_target_untouched(tmp_path):
     kill_when(proc, lambda: any((tmp_path).glob(".state.hr-restore-*/data/*")))
     assert read_tree(target) == {"previous": b"state"}
     with RestoreManager(store, config=BackupConfig(chunk_size=4096)) as rm:
-        rm.restore(record.read_text(), target)
+        rm.restore(record.read_text(), target, force=True)  # "previous" is not a restore
     assert read_tree(target) == committed
-    assert not list(tmp_path.glob(".state.hr-*"))
+    # no staging or old folder left; the restore marker records the restore
+    assert [p.name for p in tmp_path.glob(".state.hr-*")] == [".state.hr-backup"]
 
 
 def test_sigkill_mid_sweep_then_sweep_again(tmp_path):

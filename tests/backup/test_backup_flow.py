@@ -64,17 +64,19 @@ def test_incremental_upload_sends_only_new_files(store, tmp_path):
         store.reset()
         second = bm.upload(src, "c2")
         puts = store.counts()["puts"]
-        # 2 chunks of the new SST + one pack of MANIFEST and CURRENT (mutable) + the index;
-        # empty.txt (mutable) has no blob
+        # 2 chunks of the new SST + one pack of the rewritten MANIFEST + the index; CURRENT and
+        # empty.txt are unchanged (size, mtime, content hash): retained, not sent again
         assert puts == 2 + 1 + 1
+        assert bm.metrics()["files_retained"] == 3 + 2  # 3 immutable + CURRENT, empty.txt
         old_blobs = blob_keys(store)
         bm.cleanup(second)
     index = RestoreManager(store, config=CFG).read_index(second)
     assert index.prev_snapshot_index_blob_id == first
     assert {f.file_name for f in index.dir_index.files_removed} == {
-        "000002.sst", "MANIFEST-000001", "CURRENT", "empty.txt"}
-    # cleanup deleted the removed files' blobs and the previous index
-    assert len(old_blobs - blob_keys(store)) == 1  # the old pack: all its files are gone
+        "000002.sst", "MANIFEST-000001"}
+    # cleanup deleted the previous index; the old pack (000002.sst, MANIFEST, CURRENT) stays:
+    # the retained CURRENT still uses it
+    assert old_blobs == blob_keys(store)
     assert not store.exists(f"backup/index/{first}")
     assert store.exists(f"backup/permanent/{second}")
     expected = sample_tree()
@@ -159,7 +161,7 @@ def test_corrupted_blob_fails_loudly_and_target_untouched(store, tmp_path, how):
     faulty = FaultyStore(store, seed=3, corrupt_get=how,
                          corrupt_keys=lambda k: "/blobs/" in k or k.startswith("blobs/"))
     with RestoreManager(faulty, config=CFG) as rm, pytest.raises(FormatError) as err:
-        rm.restore(index_id, target)
+        rm.restore(index_id, target, force=True)
     assert "chunk at offset" in str(err.value) and "backup/blobs/" in str(err.value)
     if how == "flip":
         assert isinstance(err.value, ChecksumMismatch)

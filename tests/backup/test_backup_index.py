@@ -67,7 +67,7 @@ def test_round_trip_and_walks():
 
 def test_unknown_schema_version_refused():
     body = body_of(sample_index())
-    for bad in (3, 0, "2", True):
+    for bad in (4, 0, "2", True):
         body["schemaVersion"] = bad
         with pytest.raises(FormatError, match="unknown schemaVersion"):
             decode_index(reseal(body), key="idx")
@@ -76,7 +76,7 @@ def test_unknown_schema_version_refused():
 def test_schema_version_1_reads_without_content_hashes():
     """Version 1 indexes (no contentHash) still decode; their files have no content hash (a
     contentHash field in a version 1 body is not trusted: version 1 never wrote one)."""
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     body = body_of(sample_index())
     body["schemaVersion"] = 1
     files = [body["dirIndex"]["filesPresent"][0], body["dirIndex"]["filesRemoved"][0]]
@@ -215,3 +215,21 @@ def test_crc32_combine_matches_zlib():
     for a_len, b_len in [(0, 0), (0, 5), (5, 0), (1000, 1), (7, 1 << 20), (12345, 54321)]:
         a, b = os.urandom(a_len), os.urandom(b_len)
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_keep_previous_round_trips_and_is_validated():
+    body = body_of(sample_index())
+    assert body["keepPrevious"] is False
+    body["prevSnapshotIndexBlobId"] = "01ARZ3NDEKTSV4RRFFQ69G5FAV-1"
+    body["keepPrevious"] = True
+    assert decode_index(reseal(body)).keep_previous
+    for bad in ("yes", 1, None):
+        body["keepPrevious"] = bad
+        with pytest.raises(FormatError, match="keepPrevious"):
+            decode_index(reseal(body), key="idx")
+    body["keepPrevious"], body["prevSnapshotIndexBlobId"] = True, None
+    with pytest.raises(FormatError, match="keepPrevious"):
+        decode_index(reseal(body), key="idx")
+    body["schemaVersion"] = 2  # version 2 never wrote it: not trusted
+    body["prevSnapshotIndexBlobId"] = "01ARZ3NDEKTSV4RRFFQ69G5FAV-1"
+    assert decode_index(reseal(body)).keep_previous is False

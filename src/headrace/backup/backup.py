@@ -21,8 +21,9 @@ from headrace.backup.crc import combine_chunks
 from headrace.backup.diff import DirDiffer, LocalFile, build_dir_index
 from headrace.backup.digest import chunk_digest, content_hash
 from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
-from headrace.backup.lifecycle import SweepReport, cleanup_snapshot, sweep
+from headrace.backup.lifecycle import SweepReport, cleanup_counted, sweep
 from headrace.backup.progress import ProgressCallback, ProgressTracker
+from headrace.backup.target import lineage_of, mark_directory
 from headrace.codec import Clock, SystemClock, crc32
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.metrics import PrometheusExport
@@ -39,7 +40,11 @@ class BackupManager(PrometheusExport):
     def __init__(self, store_or_url: ObjectStore | str, *, prefix: str = "backup",
                  config: BackupConfig | None = None, clock: Clock | None = None,
                  previous_index_blob_id: str | None = None,
-                 progress: ProgressCallback | None = None):
+                 progress: ProgressCallback | None = None, keep_previous: bool = False):
+        """``keep_previous``: snapshots this manager uploads keep the one they diff against
+        (its cleanup makes it permanent instead of deleting it): a branch point the caller
+        named, as ``headrace backup --previous X`` does. Default: the seed's lifecycle, where
+        committing a snapshot retires its predecessor."""
         self.config = config or BackupConfig()
         self.store = open_store(store_or_url)
         self._owns_store = not isinstance(store_or_url, ObjectStore)  # opened from a URL
@@ -47,6 +52,7 @@ class BackupManager(PrometheusExport):
         self.blobs = BlobStore(self.store, prefix, retry=self.config.retry, clock=self.clock,
                                ttl_ms=self.config.ttl_ms)
         self.progress = progress
+        self.keep_previous = bool(keep_previous)
         self._differ = DirDiffer(self.config)
         self._pool = ThreadPoolExecutor(self.config.upload_workers,
                                         thread_name_prefix="headrace-backup-upload")
@@ -94,9 +100,11 @@ class BackupManager(PrometheusExport):
             checkpoint_id=checkpoint_id, created_time_ms=self.clock.now_ms(),
             dir_index=build_dir_index(diff, uploaded),
             prev_snapshot_index_blob_id=self._prev_id,
+            keep_previous=self.keep_previous and self._prev_id is not None,
             job_name=self.config.job_name, job_instance=self.config.job_instance,
             task_name=self.config.task_name, store_name=self.config.store_name)
         index_id, index_bytes = self.blobs.put_index(index)
+        self._mark_source(root, index_id)
         with self._lock:  # cleanup(index_id) will not need to read it back
             self._uploaded[index_id] = index
             while len(self._uploaded) > 4:
@@ -122,11 +130,11 @@ class BackupManager(PrometheusExport):
             index = self._uploaded.pop(index_blob_id, None)
         if index is None and self._prev_id == index_blob_id:
             index = self._prev_index
-        index = cleanup_snapshot(self.blobs, index_blob_id, index)
+        known = {self._prev_id: self._prev_index} if self._prev_index is not None else {}
+        index, deleted = cleanup_counted(self.blobs, index_blob_id, index, known)
         with self._lock:
             self._metrics["cleanups"] += 1
-            self._metrics["blobs_deleted"] += len(index.dir_index.removed_blob_ids()
-                                                  - index.dir_index.present_blob_ids())
+            self._metrics["blobs_deleted"] += deleted
             self._prev_id, self._prev_index = index_blob_id, index
 
     def sweep(self, *, dry_run: bool = False) -> SweepReport:
@@ -232,6 +240,16 @@ class BackupManager(PrometheusExport):
         with self._lock:
             self._metrics["blobs_uploaded"] += len(tasks)
         return out
+
+    def _mark_source(self, root: Path, index_id: str) -> None:
+        """Record next to ``root`` that it was backed up here: a later restore of this backup
+        into it is then no restore into an unrelated folder. Best effort: a read-only parent
+        only means such a restore needs ``force``."""
+        try:
+            mark_directory(root.absolute(), lineage_of(self.blobs), index_id, self.clock,
+                           fsync=True)
+        except OSError as e:
+            log.info("cannot write the backup marker next to %s: %s", root, e)
 
     @property
     def last_committed(self) -> str | None:

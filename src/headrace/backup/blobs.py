@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 
+from headrace.backup.errors import BackupNotFound
 from headrace.backup.index import SnapshotIndex, decode_index, encode_index, validate_blob_id
 from headrace.codec import Clock, new_ulid
 from headrace.errors import NotFound
 from headrace.retry import RetryPolicy
 from headrace.store import OVERWRITE, ObjectStore, validate_key
+from headrace.store.url import redact_url
 
 log = logging.getLogger("headrace.backup")
 
@@ -82,8 +84,16 @@ class BlobStore:
     def get_index(self, index_id: str) -> SnapshotIndex:
         validate_blob_id(index_id, key=None, what="index blob id")
         key = self.index_key(index_id)
-        data = self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+        try:
+            data = self.retry.call(lambda: self.store.get(key).data, what=f"get {key}")
+        except NotFound:
+            raise BackupNotFound(key, f"snapshot {index_id!r} not found: no object {key!r} "
+                                      f"in {self.store_name()}") from None
         return decode_index(data, key=key)
+
+    def store_name(self) -> str:
+        """The store as messages may name it (no credentials)."""
+        return redact_url(self.store.url) if self.store.url else type(self.store).__name__
 
     def remove_ttl(self, index_id: str) -> None:
         """Make an index and every blob it references permanent. Idempotent."""

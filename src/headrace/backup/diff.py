@@ -1,8 +1,9 @@
 """DirDiff: what changed in a local directory since the previous snapshot (seed 002's DirDiff).
 
 Immutable files (SST / batch files, by glob pattern) are the same file when name and size match
-(and crc32, for small files or when asked): they are retained, their blobs reused. Mutable files
-(MANIFEST, CURRENT, OPTIONS ...) are always uploaded. Files and subdirectories that disappeared
+(and content hash, for small files or when asked): they are retained, their blobs reused. Any
+other file is retained when its size and mtime are unchanged and its content hash matches;
+otherwise it is uploaded. Files and subdirectories that disappeared
 are listed as removed, so that cleanup can delete their blobs once the new snapshot is committed.
 """
 
@@ -94,6 +95,15 @@ def _scan(path: str, rel: str) -> tuple[dict[str, LocalFile], dict[str, str]]:
     return files, dirs
 
 
+def _with_local_attribs(prev: FileIndex, local: LocalFile) -> FileIndex:
+    """A retained file's entry: its bytes are the previous snapshot's, its mode and times are
+    what the file has now (a chmod alone must reach the next restore)."""
+    if (prev.mode, prev.mtime_ms, prev.ctime_ms) == (local.mode, local.mtime_ms, local.ctime_ms):
+        return prev
+    return dataclasses.replace(prev, mode=local.mode, mtime_ms=local.mtime_ms,
+                               ctime_ms=local.ctime_ms)
+
+
 def _strip_removed(d: DirIndex) -> DirIndex:
     """A directory as it was present (older removal lists do not travel into a new index)."""
     return DirIndex(d.dir_name, d.files_present, (), tuple(_strip_removed(s)
@@ -108,17 +118,26 @@ class DirDiffer:
         return any(fnmatch.fnmatchcase(name, p) for p in self.config.immutable_patterns)
 
     def _retain(self, local: LocalFile, prev: FileIndex) -> FileIndex | None:
-        """``prev`` (the previous snapshot's entry) if ``local`` is still that file, else None.
+        """The previous snapshot's entry, with ``local``'s mode and times, if ``local`` is still
+        that file (its blobs are reused, nothing is sent), else None.
 
-        Immutable files match by name + size; small ones (and all with verify_immutable_crc)
-        are also read and must have the same content hash and crc32 (crc32 alone cannot tell
-        apart files that end with their own crc32). An entry of a schemaVersion 1 index has no
-        content hash: the local file is read once to fill it in (after the same checks)."""
-        if not self.is_immutable(local.name) or local.size != prev.size:
+        Immutable files (by glob) match by name + size; small ones (and all with
+        verify_immutable_crc) are also read and must have the same content hash and crc32
+        (crc32 alone cannot tell apart files that end with their own crc32). Any other file
+        matches when size and mtime are unchanged and it is read and has the same content hash
+        and crc32 (a rewrite within the mtime's millisecond is caught by the hash). An entry of
+        a schemaVersion 1 index has no content hash: an immutable file is read once to fill it
+        in (after the same checks); another file is uploaded again."""
+        if local.size != prev.size:
             return None
-        check = self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below
+        if self.is_immutable(local.name):
+            check = self.config.verify_immutable_crc or local.size <= self.config.crc_compare_below
+        elif local.mtime_ms == prev.mtime_ms and prev.content_hash is not None:
+            check = True
+        else:
+            return None
         if not check and prev.content_hash is not None:
-            return prev
+            return _with_local_attribs(prev, local)
         try:
             value, digest = local_file_digests(local.path,
                                                ((b.offset, b.size) for b in prev.blobs))
@@ -127,9 +146,7 @@ class DirDiffer:
                                f"{e.strerror or e}") from e
         if check and (value != prev.crc32 or prev.content_hash not in (None, digest)):
             return None
-        if prev.content_hash is None:
-            return dataclasses.replace(prev, content_hash=digest)
-        return prev
+        return _with_local_attribs(dataclasses.replace(prev, content_hash=digest), local)
 
     def diff(self, path: str, prev: DirIndex | None, name: str = "", rel: str = "") -> DirDiff:
         """Diff the local directory ``path`` against ``prev`` (None: everything is new)."""

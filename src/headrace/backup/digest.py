@@ -42,8 +42,8 @@ def content_hash(chunk_digests: Iterable[bytes]) -> str:
     return h.hexdigest()
 
 
-def local_file_digests(path: str, chunks: Iterable[tuple[int, int]]) -> tuple[int, str]:
-    """(crc32, content hash) of a local file read as the given (offset, size) chunks, which
+def local_file_digests(path: str | int, chunks: Iterable[tuple[int, int]]) -> tuple[int, str]:
+    """(crc32, content hash) of a local file (a path, or an open descriptor, left open) read as the given (offset, size) chunks, which
     cover it contiguously from 0 (callers compare the file's size first: bytes past the last
     chunk are not read). One pass; a file shorter than the chunks say gives a hash that matches
     nothing (its last chunks are hashed short)."""
@@ -52,7 +52,7 @@ def local_file_digests(path: str, chunks: Iterable[tuple[int, int]]) -> tuple[in
     digests = []
     buf = bytearray(min(_READ, max((s for _, s in chunks), default=0)) or 1)
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY)
+    fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY)
     try:
         for offset, size in chunks:
             h = blake3()
@@ -67,5 +67,6 @@ def local_file_digests(path: str, chunks: Iterable[tuple[int, int]]) -> tuple[in
                 done += n
             digests.append(h.digest())
     finally:
-        os.close(fd)
+        if fd is not path:
+            os.close(fd)
     return value, content_hash(digests)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from headrace.codec import crc32
 from headrace.errors import ChecksumMismatch, FormatError
 
-SCHEMA_VERSION = 2  # written; 2 added FileIndex.contentHash
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # written; 2 added FileIndex.contentHash, 3 keepPrevious
+READABLE_VERSIONS = (1, 2, 3)
 FORMAT_NAME = "headrace-backup-index"
 MAX_DEPTH = 128  # directory nesting an index may describe
 MAX_ENTRIES = 10_000_000  # files + dirs + blobs in one index
@@ -131,6 +131,9 @@ class SnapshotIndex:
     job_instance: str = ""
     task_name: str = ""
     store_name: str = ""
+    # the previous snapshot stays (a branch point the user named, e.g. `backup --previous X`):
+    # cleanup makes it permanent instead of deleting it and the blobs this one removed
+    keep_previous: bool = False
     schema_version: int = field(default=SCHEMA_VERSION)
 
     @property
@@ -173,6 +176,7 @@ def encode_index(index: SnapshotIndex) -> bytes:
         "storeName": index.store_name,
         "dirIndex": _dir_json(index.dir_index),
         "prevSnapshotIndexBlobId": index.prev_snapshot_index_blob_id,
+        "keepPrevious": index.keep_previous,
     }, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     head = f'{{"format":"{FORMAT_NAME}","crc32":"{crc32(body):08x}","snapshotIndex":'
     return head.encode("ascii") + body + b"}"
@@ -311,6 +315,11 @@ def decode_index(data: bytes | bytearray | memoryview, *, key: str | None = None
     prev = v["prevSnapshotIndexBlobId"]
     if prev is not None:
         validate_blob_id(prev, key=key, what="prevSnapshotIndexBlobId")
+    keep = v.get("keepPrevious", False) if version >= 3 else False
+    if type(keep) is not bool:
+        raise FormatError(key, None, f"keepPrevious: expected true or false, got {keep!r}")
+    if keep and prev is None:
+        raise FormatError(key, None, "keepPrevious is true but prevSnapshotIndexBlobId is null")
     meta = {name: dec.str_(v.get(name, ""), name) for name in
             ("jobName", "jobInstance", "taskName", "storeName")}
     return SnapshotIndex(
@@ -320,5 +329,5 @@ def decode_index(data: bytes | bytearray | memoryview, *, key: str | None = None
         prev_snapshot_index_blob_id=prev,
         job_name=meta["jobName"], job_instance=meta["jobInstance"],
         task_name=meta["taskName"], store_name=meta["storeName"],
-        schema_version=version,
+        keep_previous=keep, schema_version=version,
     )

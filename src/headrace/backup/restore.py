@@ -6,18 +6,25 @@ crc32 checked, then each file's size and crc32), then swaps it in with two renam
 any point removes the staging folder and leaves the target as it was.
 
 Host affinity: a target that already equals the snapshot (same files, sizes and content hashes,
-same directories) is kept as is, with no file blob read; files of an existing target that match
-the snapshot are hard-linked into the staging folder instead of downloaded. The content hash
-(BLAKE3 over chunk digests, see ``digest``) decides equality, never crc32 alone: files that end
-with their own crc32 all share one whole-file crc32. Files of a schemaVersion 1 index have no
-content hash and are always downloaded.
+same directories) is kept as is, with no file blob read (modes and mtimes are set to the
+snapshot's); files of an existing target that match the snapshot are hard-linked into the
+staging folder instead of downloaded. The content hash (BLAKE3 over chunk digests, see
+``digest``) decides equality, never crc32 alone: files that end with their own crc32 all share
+one whole-file crc32. Files of a schemaVersion 1 index have no content hash and are always
+downloaded.
+
+The target is never followed through a symlink (see ``target``): only regular files reached
+through real directories, with a single link, are compared or reused, each checked by inode
+after it is opened or linked; links and special files in the target are replaced. A non-empty
+target is replaced only if it is a previous restore or the backed-up source of the same backup
+(the marker), already equals the snapshot, or ``force=True``; otherwise
+``RestoreTargetNotEmpty``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import threading
 import time
@@ -29,9 +36,22 @@ from headrace.backup.blobs import BlobStore
 from headrace.backup.config import BackupConfig
 from headrace.backup.crc import combine_chunks
 from headrace.backup.digest import local_file_digests
+from headrace.backup.errors import RestoreTargetNotEmpty
 from headrace.backup.index import FileBlob, FileIndex, SnapshotIndex
 from headrace.backup.lifecycle import cleanup_snapshot
 from headrace.backup.progress import ProgressCallback, ProgressTracker
+from headrace.backup.target import (
+    NOFOLLOW,
+    TargetScan,
+    dir_identity,
+    is_marked,
+    lineage_of,
+    mark_directory,
+    remove_path,
+    same_inode,
+    scan_target,
+    write_marker,
+)
 from headrace.codec import Clock, SystemClock, crc32, new_ulid
 from headrace.errors import ChecksumMismatch, FormatError, HeadraceError, InvalidInput
 from headrace.metrics import PrometheusExport
@@ -94,23 +114,42 @@ class RestoreManager(PrometheusExport):
         return self.blobs.get_index(index_blob_id)
 
     def restore(self, index_blob_id: str, target_dir: str | os.PathLike, *,
-                redo_cleanup: bool = True) -> RestoreResult:
-        """Make ``target_dir`` equal the snapshot; then redo the snapshot's cleanup (idempotent)."""
+                redo_cleanup: bool = True, force: bool = False) -> RestoreResult:
+        """Make ``target_dir`` equal the snapshot; then redo the snapshot's cleanup (idempotent).
+
+        A non-empty target that is not a previous restore of this backup (store + prefix) and
+        does not already equal the snapshot raises ``RestoreTargetNotEmpty`` unless ``force``."""
         if self._closed:
             raise HeadraceError("RestoreManager is closed")
         t0 = time.perf_counter()
         index = self.read_index(index_blob_id)
         target = Path(target_dir).absolute()
-        if target.exists() and not target.is_dir():
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise InvalidInput(f"restore target {str(target)!r} exists and is not a directory")
         target.parent.mkdir(parents=True, exist_ok=True)
         self._remove_stale(target)
-        local = self._local_matches(index, target) if target.is_dir() else {}
+        real_dir = st is not None and stat.S_ISDIR(st.st_mode)
+        scan = scan_target(target) if real_dir else TargetScan()
+        ours = real_dir and is_marked(target, self.lineage)
         files = list(index.dir_index.walk_files())
-        if target.is_dir() and len(local) == len(files) and self._same_tree(index, target):
+        may_replace = force or ours or st is None or (real_dir and scan.empty)
+        if not may_replace and not (real_dir and scan.same_shape(index)):
+            raise RestoreTargetNotEmpty(str(target), self._why_refused(st, scan))
+        local = self._local_matches(index, target, scan) if real_dir else {}
+        same = real_dir and scan.same_shape(index) and len(local) == len(files)
+        if not may_replace and not same:
+            raise RestoreTargetNotEmpty(str(target), self._why_refused(st, scan))
+        if same and self._keep(index, target, local):
             downloaded, reused, nbytes, reused_dir = 0, len(files), 0, True
+            if not ours:
+                mark_directory(target, self.lineage, index_blob_id, self.clock,
+                               fsync=self.fsync)
         else:
-            downloaded, reused, nbytes = self._rebuild(index, target, local)
+            downloaded, reused, nbytes = self._rebuild(index, index_blob_id, target, local, ours)
             reused_dir = False
         if redo_cleanup:
             cleanup_snapshot(self.blobs, index_blob_id, index)
@@ -125,6 +164,32 @@ class RestoreManager(PrometheusExport):
                                nbytes, time.perf_counter() - t0)
         log.info("restored %s into %s: %s", index_blob_id, target, result)
         return result
+
+    @property
+    def lineage(self) -> dict[str, str]:
+        return lineage_of(self.blobs)
+
+    def _why_refused(self, st: os.stat_result | None, scan: TargetScan) -> str:
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return "is a symlink (restore never follows one)"
+        n = len(scan.files) + len(scan.dirs) + len(scan.foreign)
+        return (f"is not empty ({n} entries) and is not a previous restore of this backup "
+                f"(prefix {self.blobs.prefix!r} in {self.blobs.store_name()})")
+
+    def _keep(self, index: SnapshotIndex, target: Path, local: dict[str, os.stat_result]
+              ) -> bool:
+        """Host affinity: the target is the snapshot; give each file the snapshot's mode and
+        mtime where they differ. False (rebuild instead) if a file cannot be opened for that."""
+        for rel, f in index.dir_index.walk_files():
+            st = local[rel]
+            mode = f.mode & 0o777
+            if stat.S_IMODE(st.st_mode) == mode and st.st_mtime_ns // 1_000_000 == f.mtime_ms:
+                continue
+            try:
+                _set_attribs(target / rel, st, f)
+            except OSError:
+                return False
+        return True
 
     def metrics(self) -> dict[str, int]:
         with self._lock:
@@ -151,85 +216,80 @@ class RestoreManager(PrometheusExport):
         """Staging and old folders of a restore that crashed before it finished."""
         for pattern in (f".{target.name}.hr-restore-*", f".{target.name}.hr-old-*"):
             for p in target.parent.glob(pattern):
-                shutil.rmtree(p, ignore_errors=True)
+                remove_path(p)
 
-    def _local_matches(self, index: SnapshotIndex, target: Path) -> dict[str, Path]:
+    def _local_matches(self, index: SnapshotIndex, target: Path, scan: TargetScan
+                       ) -> dict[str, os.stat_result]:
         """Files of ``target`` equal (size + content hash + crc32, or size + mtime) to the
-        snapshot's file at the same path; hashed in parallel on the download pool (hashlib
-        releases the GIL). A snapshot file without a content hash (schemaVersion 1) never
-        matches by content: it is downloaded."""
+        snapshot's file at the same path, with their scanned stat; hashed in parallel on the
+        download pool. Only regular files the scan found through real directories and with one
+        link count (a hard link shares its inode with a file elsewhere: reusing it would change
+        that file's mode); each is opened without following a symlink and must be the inode the
+        scan saw. A snapshot file without a content hash (schemaVersion 1) never matches by
+        content: it is downloaded."""
         by_mtime = self.config.affinity_check == "mtime"
 
         def same(rel: str, f: FileIndex) -> bool:
-            p = target / rel
+            st = scan.files.get(rel)
+            if st is None or st.st_nlink != 1 or st.st_size != f.size:
+                return False
+            if by_mtime:
+                return st.st_mtime_ns // 1_000_000 == f.mtime_ms
+            if f.content_hash is None:
+                return False
             try:
-                st = p.lstat()
-                if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                fd = os.open(target / rel, os.O_RDONLY | NOFOLLOW)
+            except OSError:
+                return False
+            try:
+                if not same_inode(os.fstat(fd), st):
                     return False
-                if by_mtime:
-                    return st.st_mtime_ns // 1_000_000 == f.mtime_ms
-                if f.content_hash is None:
-                    return False
-                value, digest = local_file_digests(str(p), ((b.offset, b.size) for b in f.blobs))
+                value, digest = local_file_digests(fd, ((b.offset, b.size) for b in f.blobs))
                 return digest == f.content_hash and value == f.crc32
             except OSError:
                 return False
+            finally:
+                os.close(fd)
 
         files = list(index.dir_index.walk_files())
         checks = [self._pool.submit(same, rel, f) for rel, f in files]
-        return {rel: target / rel for (rel, _), ok in zip(files, checks, strict=True)
+        return {rel: scan.files[rel] for (rel, _), ok in zip(files, checks, strict=True)
                 if ok.result()}
 
-    @staticmethod
-    def _same_tree(index: SnapshotIndex, target: Path) -> bool:
-        """``target`` has exactly the snapshot's files and directories (no extra, none missing);
-        file contents are checked separately."""
-        want_files = {rel for rel, _ in index.dir_index.walk_files()}
-        want_dirs = set(index.dir_index.walk_dirs())
-        seen_files: set[str] = set()
-        seen_dirs: set[str] = set()
-        for dirpath, dirnames, filenames in os.walk(target):
-            base = os.path.relpath(dirpath, target)
-            base = "" if base == "." else base.replace(os.sep, "/") + "/"
-            seen_dirs.update(base + d for d in dirnames)
-            seen_files.update(base + name for name in filenames)
-        return seen_files == want_files and seen_dirs == want_dirs
-
     # -- download --------------------------------------------------------------------------------
-    def _rebuild(self, index: SnapshotIndex, target: Path, local: dict[str, Path]
-                 ) -> tuple[int, int, int]:
+    def _rebuild(self, index: SnapshotIndex, index_blob_id: str, target: Path,
+                 local: dict[str, os.stat_result], ours: bool) -> tuple[int, int, int]:
         staging = target.parent / f".{target.name}.hr-restore-{new_ulid(self.clock)}"
         staging.mkdir()
         try:
             for rel in index.dir_index.walk_dirs():
                 (staging / rel).mkdir()
-            result = self._fill(index, staging, local)
+            result = self._fill(index, staging, target, local)
             if self.fsync:
                 _sync_dirs(index, staging)
+            # the marker names the staging folder (the target after the rename) and, until
+            # the swap is done, the old target if it was ours: a crash in between is no refusal
+            write_marker(target, self.lineage,
+                         [d for d in (dir_identity(staging), ours and dir_identity(target)) if d],
+                         index_blob_id, self.clock, fsync=self.fsync)
             old = target.parent / f".{target.name}.hr-old-{new_ulid(self.clock)}"
-            if target.exists():
-                os.rename(target, old)
+            if os.path.lexists(target):
+                os.rename(target, old)  # a symlink target: the link moves, never followed
             os.rename(staging, target)
             if self.fsync:
                 _fsync_path(target.parent)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_path(old)
             return result
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_path(staging)
             raise
 
-    def _fill(self, index: SnapshotIndex, staging: Path, local: dict[str, Path]
-              ) -> tuple[int, int, int]:
+    def _fill(self, index: SnapshotIndex, staging: Path, target: Path,
+              local: dict[str, os.stat_result]) -> tuple[int, int, int]:
         to_fetch: list[tuple[str, FileIndex]] = []
         reused = 0
         for rel, f in index.dir_index.walk_files():
-            dest = staging / rel
-            if rel in local:
-                try:
-                    os.link(local[rel], dest)
-                except OSError:
-                    shutil.copyfile(local[rel], dest)
-                os.chmod(dest, f.mode & 0o777)
+            if rel in local and _link_verified(target / rel, staging / rel, local[rel], f):
                 reused += 1
                 continue
             to_fetch.append((rel, f))
@@ -348,6 +408,37 @@ def _check_file_crc(f: FileIndex, rel: str) -> None:
         raise ChecksumMismatch(None, None, f"crc32 of restored file {rel!r} (its chunks do "
                                            f"not combine to the file's crc32)",
                                expected=f.crc32, actual=value)
+
+
+def _link_verified(src: Path, dest: Path, seen: os.stat_result, f: FileIndex) -> bool:
+    """Hard-link the target's file into staging, never through a symlink: the new link must be
+    the very inode that was scanned and hashed, else it is removed and the file downloaded.
+    Then the snapshot's mode and mtime."""
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError:
+        return False
+    try:
+        if not same_inode(os.lstat(dest), seen):
+            raise OSError("not the scanned file")
+        _set_attribs(dest, seen, f)
+        return True
+    except OSError:
+        dest.unlink(missing_ok=True)
+        return False
+
+
+def _set_attribs(path: Path, seen: os.stat_result, f: FileIndex) -> None:
+    """Give an existing file the snapshot's mode and mtime, through a descriptor opened without
+    following a symlink and checked to be the inode ``seen``."""
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    try:
+        if not same_inode(os.fstat(fd), seen):
+            raise OSError(f"{path} changed while restoring")
+        os.fchmod(fd, f.mode & 0o777)
+        os.utime(fd, ns=(f.mtime_ms * 1_000_000, f.mtime_ms * 1_000_000))
+    finally:
+        os.close(fd)
 
 
 def _flush(path: Path) -> None:
