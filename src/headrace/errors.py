@@ -109,3 +109,25 @@ class RetryExhausted(HeadraceError):
     def __init__(self, message: str, attempts: int):
         super().__init__(message)
         self.attempts = attempts
+
+
+class StoreTimeout(StoreError, TimeoutError):
+    """A remote store did not answer within the configured timeout (``?timeout=``,
+    ``?connect_timeout=`` in the store URL). Retryable: the request may pass later."""
+
+    def __init__(self, message: str, *, key: str | None = None):
+        super().__init__(message, key=key, retryable=True)
+
+    def __str__(self) -> str:  # TimeoutError would otherwise format errno/strerror
+        return self.args[0]
+
+
+class CredentialsMissing(StoreError, PermissionError):
+    """No credentials for a remote store: says which environment variables or URL parameters
+    to set, and never shows a secret."""
+
+    def __init__(self, message: str, *, key: str | None = None):
+        super().__init__(message, key=key, retryable=False)
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -8,6 +8,7 @@ Jitter").
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 from collections.abc import Callable, Iterator
@@ -15,14 +16,26 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from headrace.codec.clock import Clock, SystemClock
-from headrace.errors import RetryExhausted
+from headrace.errors import InvalidInput, RetryExhausted
 
 T = TypeVar("T")
 log = logging.getLogger("headrace.retry")
 
 
+#: OS errors on a local write that may pass: space or quota freed by a gc or another process,
+#: an I/O error of a flaky device or network file system, an interrupted or busy call. Anything
+#: else (read-only file system, permissions, a bad path) will fail the same way again.
+TRANSIENT_OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN,
+                                 errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ENOMEM})
+
+
 def is_retryable(exc: BaseException) -> bool:
     return bool(getattr(exc, "retryable", False))
+
+
+def is_transient_os_error(exc: BaseException) -> bool:
+    """An OSError whose errno is in TRANSIENT_OS_ERRNOS (for retrying local disk writes)."""
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_OS_ERRNOS
 
 
 @dataclass
@@ -35,12 +48,16 @@ class RetryPolicy:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
-            raise ValueError("need 0 <= base_delay_s <= max_delay_s")
-        if self.max_elapsed_s <= 0:
-            raise ValueError("max_elapsed_s must be > 0")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise InvalidInput(f"RetryPolicy.max_attempts must be an int >= 1, got "
+                               f"{self.max_attempts!r}")
+        if not 0 <= self.base_delay_s <= self.max_delay_s:
+            raise InvalidInput(f"RetryPolicy needs 0 <= base_delay_s <= max_delay_s, got "
+                               f"{self.base_delay_s!r} and {self.max_delay_s!r}")
+        if not self.max_elapsed_s > 0:
+            raise InvalidInput(f"RetryPolicy.max_elapsed_s must be > 0, got "
+                               f"{self.max_elapsed_s!r}")
 
     def backoff(self, attempt: int) -> float:
         """Full-jitter delay before retry number ``attempt`` (1-based)."""

@@ -24,7 +24,7 @@ ENTRIES = [CheckpointInfo(uuid.UUID(int=i + 1).hex, i * 10, f"fp-{i}", 170000000
                           "label" if i % 2 else "") for i in range(3)]
 MANIFEST = SpineManifest("join.left", "large_string", "float64",
                          ["01ARZ3NDEKTSV4RRFFQ69G5FAV.batch", "01BX5ZZKBKACTAV9WEVGEMMVRZ.batch"],
-                         b"\x00abc")
+                         "\x00abc")
 
 
 def test_roundtrips():
@@ -32,8 +32,9 @@ def test_roundtrips():
     assert decode_catalog(encode_catalog([])) == []
     m = decode_manifest(encode_manifest(MANIFEST), "m")
     assert m == MANIFEST
-    for bound in (None, 7, -3, 2.5, "k"):
-        mm = SpineManifest("s", "int64", "int64", [], bound)
+    for kt, bound in (("int64", None), ("int64", 7), ("int64", -3), ("large_string", "k"),
+                      ("large_binary", b"\xff")):
+        mm = SpineManifest("s", kt, "int64", [], bound)
         assert decode_manifest(encode_manifest(mm), "m").lower_bound == bound
 
 

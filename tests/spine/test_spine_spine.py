@@ -12,6 +12,7 @@ import pytest
 
 from headrace.errors import InvalidInput
 from headrace.spine import Batch, Circuit, Spine, SpineConfig, SpineError
+from headrace.spine.errors import SpineWriteError
 
 
 def rows(seed: int, n: int = 300, keys: int = 500) -> pa.Table:
@@ -156,11 +157,15 @@ def test_bad_inputs_and_configs_are_refused():
         sp.insert(Batch.from_pydict([1], [1], [1]))
 
 
-def test_background_merge_failure_is_surfaced(tmp_path):
-    cfg = SpineConfig(merge_fanout=2, base_rows=10, memory_budget_bytes=0)
+def test_background_merge_failure_is_surfaced(tmp_path, monkeypatch):
+    cfg = SpineConfig(merge_fanout=2, base_rows=10)
     circuit = Circuit.open(tmp_path / "state", "fp", config=cfg)
     sp = circuit.spine("s", pa.int64(), pa.int64())
-    shutil.rmtree(tmp_path / "state")  # the disk goes away under the spine
+
+    def broken_merge(*args, **kwargs):
+        raise RuntimeError("merge kernel failed")
+
+    monkeypatch.setattr(Batch, "merge", broken_merge)
     sp.insert(Batch.from_arrow(rows(1, n=50)))
     sp.insert(Batch.from_arrow(rows(2, n=50)))
     with pytest.raises(SpineError, match="merge failed"):
@@ -169,6 +174,26 @@ def test_background_merge_failure_is_surfaced(tmp_path):
         sp.insert(Batch.from_arrow(rows(3)))
     with pytest.raises(SpineError):
         circuit.close()
+
+
+def test_a_vanished_disk_keeps_the_spine_serving_and_fails_the_commit(tmp_path):
+    """Spilling is optional: a merge whose output cannot be written keeps it in memory; the
+    commit, which must write it, raises SpineWriteError naming the file."""
+    cfg = SpineConfig(merge_fanout=2, base_rows=10, memory_budget_bytes=0)
+    circuit = Circuit.open(tmp_path / "state", "fp", config=cfg)
+    sp = circuit.spine("s", pa.int64(), pa.int64())
+    shutil.rmtree(tmp_path / "state")  # the disk goes away under the spine
+    model: dict = defaultdict(int)
+    for i in (1, 2, 3):
+        sp.insert(Batch.from_arrow(rows(i, n=50)))
+        add(model, rows(i, n=50))
+    assert sp.wait_idle(30)
+    assert as_dict(sp.to_table()) == {k: w for k, w in model.items() if w}
+    assert sp.metrics()["spill_failures"] >= 1
+    with pytest.raises(SpineWriteError, match=r"state/.*\.batch") as ei:
+        circuit.commit()
+    assert isinstance(ei.value, OSError)
+    circuit.close()
 
 
 def test_circuit_commit_is_all_spines_and_reopens(tmp_path):

@@ -15,6 +15,7 @@ from headrace.spine.errors import (
     CheckpointNotFound,
     FingerprintMismatch,
     SpineError,
+    SpineWriteError,
     StorageLocked,
 )
 from headrace.spine.reservoir_store import ReservoirBatchStore
@@ -23,5 +24,5 @@ from headrace.spine.spine import Spine, SpineConfig
 __all__ = [
     "Batch", "BatchStore", "CheckpointInfo", "CheckpointNotFound", "Circuit", "Cursor",
     "FingerprintMismatch", "LocalBatchStore", "ReservoirBatchStore", "Spine", "SpineConfig", "SpineError",
-    "SpineManifest", "StorageLocked", "consolidate", "zset_schema",
+    "SpineManifest", "SpineWriteError", "StorageLocked", "consolidate", "zset_schema",
 ]

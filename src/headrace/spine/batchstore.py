@@ -8,14 +8,19 @@ Directory layout (the DBSP storage directory, docs/spine.md):
     <uuid>/spine-<name>.dat   per checkpoint: each spine's batch list and metadata
     *.mut                     a file being written; renamed when complete
 
-Every file is written as ``*.mut``, fsynced, renamed, and its directory fsynced. On open the
-store removes ``*.mut`` files, checkpoint folders the catalog does not name, and batch files no
-checkpoint references (left by merges or commits that never finished).
+Every file is written as ``*.mut``, fsynced, renamed, and its directory fsynced. A write that
+fails with a transient OS error (ENOSPC, EIO, ...: ``headrace.retry.TRANSIENT_OS_ERRNOS``) is
+retried under a bounded RetryPolicy; a permanent one, or one that outlives the retries, raises
+SpineWriteError naming the file. Nothing committed is touched by a failed write: the catalog is
+only replaced once everything it names is on disk. On open the store removes ``*.mut`` files,
+checkpoint folders the catalog does not name, and batch files no checkpoint references (left by
+merges or commits that never finished).
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import fcntl
 import logging
 import os
@@ -26,8 +31,9 @@ import uuid
 from pathlib import Path
 
 from headrace.codec import new_ulid
-from headrace.errors import NotFound
+from headrace.errors import NotFound, RetryExhausted
 from headrace.metrics import PrometheusExport
+from headrace.retry import RetryPolicy, is_transient_os_error
 from headrace.spine.batch import Batch
 from headrace.spine.catalog import (
     BATCH_NAME,
@@ -39,10 +45,18 @@ from headrace.spine.catalog import (
     encode_catalog,
     encode_manifest,
 )
-from headrace.spine.errors import CheckpointNotFound, SpineError, StorageLocked
+from headrace.spine.errors import (
+    CheckpointNotFound,
+    SpineError,
+    SpineWriteError,
+    StorageLocked,
+)
 
 log = logging.getLogger("headrace.spine.store")
 CATALOG = "checkpoints.headrace"
+#: retries of a local write: a few attempts within seconds, then the error surfaces
+DEFAULT_WRITE_RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.05, max_delay_s=1.0,
+                                  max_elapsed_s=10.0)
 
 
 class BatchStore(abc.ABC, PrometheusExport):
@@ -111,28 +125,70 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, parts) -> int:
-    """Write ``parts`` to ``path.mut``, fsync, rename over ``path``, fsync the directory."""
-    tmp = path.with_name(path.name + ".mut")
+def _write_file(path: Path, parts: list) -> int:
+    """Write ``parts`` to a new file at ``path`` and fsync it: the one place spine bytes reach
+    the disk (tests inject disk faults here)."""
     size = 0
-    with open(tmp, "wb") as f:
+    with open(path, "wb") as f:
         for p in parts:
             f.write(p)
             size += len(p) if not hasattr(p, "size") else p.size
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     return size
+
+
+def disk_io(path: Path, fn, retry: RetryPolicy = DEFAULT_WRITE_RETRY):
+    """Run ``fn`` (a write concerning ``path``), retrying transient OS errors; SpineWriteError
+    naming ``path`` when it fails for good."""
+    attempts = 0
+
+    def attempt():
+        nonlocal attempts
+        attempts += 1
+        return fn()
+
+    try:
+        return retry.call(attempt, retry_if=is_transient_os_error, what=f"write of {path}")
+    except RetryExhausted as e:
+        raise SpineWriteError(str(path), e.__cause__, attempts) from e.__cause__
+    except SpineWriteError:
+        raise
+    except OSError as e:
+        raise SpineWriteError(str(path), e, attempts) from e
+
+
+def write_atomic(path: Path, parts, retry: RetryPolicy = DEFAULT_WRITE_RETRY) -> int:
+    """Write ``parts`` to ``path.mut``, fsync, rename over ``path``, fsync the directory.
+
+    Either ``path`` holds all of ``parts`` or it is unchanged; a failed attempt removes its
+    ``.mut`` file (without hiding the error that failed it).
+    """
+    parts = list(parts)
+    tmp = path.with_name(path.name + ".mut")
+
+    def once() -> int:
+        try:
+            size = _write_file(tmp, parts)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+        return size
+
+    return disk_io(path, once, retry)
 
 
 class LocalBatchStore(BatchStore):
     """A storage directory on the local disk, locked for one process, read through mmap."""
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True,
-                 read_only: bool = False):
+                 read_only: bool = False, write_retry: RetryPolicy | None = None):
         self.path = Path(path)
         self.read_only = read_only
+        self._retry = write_retry or DEFAULT_WRITE_RETRY
         if read_only:
             create = False
         if create:
@@ -216,7 +272,7 @@ class LocalBatchStore(BatchStore):
     def write_batch(self, batch: Batch, block_bytes: int = 64 * 1024) -> Batch:
         self._writable()
         name = f"{new_ulid()}.batch"
-        size = write_atomic(self.path / name, batch.encode(block_bytes))
+        size = write_atomic(self.path / name, batch.encode(block_bytes), self._retry)
         with self._mu:
             self._live.add(name)
             self._counters["batches_written"] += 1
@@ -259,21 +315,39 @@ class LocalBatchStore(BatchStore):
         self._writable()
         ck = uuid.uuid4().hex
         folder = self.path / ck
-        folder.mkdir()
-        for name, m in manifests.items():
-            check_spine_name(name)
-            write_atomic(folder / f"spine-{name}.dat", [encode_manifest(m)])
-        fsync_dir(self.path)
         info = CheckpointInfo(ck, step, fingerprint, int(time.time() * 1000), identifier)
+        try:
+            disk_io(folder, lambda: folder.mkdir(exist_ok=True), self._retry)
+            for name, m in manifests.items():
+                check_spine_name(name)
+                write_atomic(folder / f"spine-{name}.dat", [encode_manifest(m)], self._retry)
+            disk_io(self.path, lambda: fsync_dir(self.path), self._retry)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # no catalog names it yet
+            raise
         with self._mu:
             entries = self._entries + [info]
-            write_atomic(self.path / CATALOG, [encode_catalog(entries)])  # the commit point
+            try:  # the commit point
+                write_atomic(self.path / CATALOG, [encode_catalog(entries)], self._retry)
+            except BaseException:
+                self._drop_uncommitted(folder)
+                raise
             self._entries = entries
             for m in manifests.values():
                 self._refs.update(m.batches)
             self._pinned.clear()
             self._counters["checkpoints"] += 1
         return info
+
+    def _drop_uncommitted(self, folder: Path) -> None:
+        """After a failed catalog write: remove the new checkpoint's folder unless the catalog
+        on disk names it (the rename landed and only the directory fsync failed)."""
+        try:
+            named = {e.id for e in self._read_catalog()}
+        except Exception:  # noqa: BLE001 - unreadable now: leave it to startup gc
+            return
+        if folder.name not in named:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         with self._mu:
@@ -295,7 +369,7 @@ class LocalBatchStore(BatchStore):
             entries = [e for e in self._entries if e.id != checkpoint_id]
             if len(entries) == len(self._entries):
                 raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found")
-            write_atomic(self.path / CATALOG, [encode_catalog(entries)])
+            write_atomic(self.path / CATALOG, [encode_catalog(entries)], self._retry)
             self._entries = entries
             self._refs = self._referenced(entries)
         shutil.rmtree(self.path / checkpoint_id, ignore_errors=True)

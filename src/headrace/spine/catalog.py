@@ -17,6 +17,7 @@ Manifest ``<uuid>/spine-<name>.dat``: one spine's batch list and metadata.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 import uuid
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from headrace.codec import ByteReader, check_bound, crc32
+from headrace.codec.jsonsafe import field as json_field
+from headrace.codec.jsonsafe import loads_bounded
 from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
 
 CATALOG_MAGIC = b"HRCK"
@@ -33,6 +36,7 @@ VERSION = 1
 MAX_CHECKPOINTS = 100_000
 MAX_TEXT = 1024
 MAX_MANIFEST = 64 << 20
+MAX_MANIFEST_DEPTH = 8  # the manifest's JSON is 3 levels deep; more is not a manifest
 BATCH_NAME = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}\.batch$")
 SPINE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 TYPE_NAMES = {"int64": pa.int64(), "float64": pa.float64(), "large_string": pa.large_string(),
@@ -131,36 +135,69 @@ def _bound_to_json(v):
         raise InvalidInput("a bool lower bound is not a key")
     if isinstance(v, int):
         return {"int": v}
-    if isinstance(v, float):
-        return {"float": v}
     if isinstance(v, str):
         return {"str": v}
     if isinstance(v, bytes | bytearray):
         return {"hex": bytes(v).hex()}
-    raise InvalidInput(f"lower bound {v!r} of type {type(v).__name__} cannot be stored")
+    raise InvalidInput(f"lower bound {v!r:.80} of type {type(v).__name__} cannot be stored")
 
 
-def _bound_from_json(v, key: str):
+#: the lower-bound encoding each key type stores (float64 is not a key type)
+BOUND_KIND = {"int64": "int", "large_string": "str", "large_binary": "hex"}
+
+
+def _bound_from_json(v, key: str, key_type: str):
+    """The lower bound of a manifest, checked against the spine's key type."""
     if v is None:
         return None
     if not isinstance(v, dict) or len(v) != 1:
-        raise FormatError(key, None, f"lower_bound {v!r} malformed")
+        raise FormatError(key, 16, f"field 'lower_bound' must be null or a one-member object, "
+                          f"got {v!r:.80}")
     (kind, val), = v.items()
-    try:
-        if kind == "int" and isinstance(val, int):
-            return val
-        if kind == "float" and isinstance(val, int | float):
-            return float(val)
-        if kind == "str" and isinstance(val, str):
-            return val
-        if kind == "hex" and isinstance(val, str):
+    want = BOUND_KIND[key_type]
+    if kind == "float" and want == "int" and isinstance(val, int | float) \
+            and not isinstance(val, bool) and math.isfinite(val) and abs(val) < 2**63:
+        return math.ceil(val)  # older files: keys >= 2.5 are exactly keys >= 3
+    if kind != want:
+        raise FormatError(key, 16, f"field 'lower_bound' is {kind!r:.20} but keys of type "
+                          f"{key_type} need {want!r}")
+    if kind == "int" and isinstance(val, int) and not isinstance(val, bool) \
+            and -2**63 <= val < 2**63:
+        return val
+    if kind == "str" and isinstance(val, str):
+        return val
+    if kind == "hex" and isinstance(val, str):
+        try:
             return bytes.fromhex(val)
-    except ValueError as e:
-        raise FormatError(key, None, f"lower_bound {v!r} malformed") from e
-    raise FormatError(key, None, f"lower_bound {v!r} malformed")
+        except ValueError:
+            pass
+    raise FormatError(key, 16, f"field 'lower_bound' {v!r:.80} is not a valid {key_type} key")
+
+
+def check_bound_value(bound, key_type: pa.DataType, where: str) -> object:
+    """A lower bound a caller passes for keys of ``key_type``; InvalidInput when it cannot be
+    one (a str bound on int64 keys would fail deep inside Arrow's compare kernels)."""
+    if bound is None:
+        return None
+    if pa.types.is_int64(key_type):
+        ok = isinstance(bound, int) and not isinstance(bound, bool) and -2**63 <= bound < 2**63
+    elif pa.types.is_large_string(key_type):
+        ok = isinstance(bound, str)
+    elif pa.types.is_large_binary(key_type):
+        ok = isinstance(bound, bytes | bytearray)
+        bound = bytes(bound) if ok else bound
+    else:
+        ok = False
+    if not ok:
+        raise InvalidInput(f"{where}: lower bound {bound!r:.80} of type {type(bound).__name__} "
+                           f"cannot bound keys of type {key_type}")
+    return bound
 
 
 def encode_manifest(m: SpineManifest) -> bytes:
+    if m.key_type not in BOUND_KIND:
+        raise InvalidInput(f"spine {m.name!r}: key type {m.key_type!r} cannot be stored")
+    check_bound_value(m.lower_bound, TYPE_NAMES[m.key_type], f"spine {m.name!r}")
     body = json.dumps({"name": m.name, "key_type": m.key_type, "val_type": m.val_type,
                        "batches": list(m.batches),
                        "lower_bound": _bound_to_json(m.lower_bound)},
@@ -185,20 +222,23 @@ def decode_manifest(data: bytes, key: str) -> SpineManifest:
         raise FormatError(key, r.pos, "trailing bytes after manifest")
     if (actual := crc32(body)) != stored:
         raise ChecksumMismatch(key, 12, "crc32 of manifest", expected=stored, actual=actual)
-    try:
-        obj = json.loads(bytes(body))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FormatError(key, 16, f"manifest is not JSON: {e}") from e
-    if not isinstance(obj, dict):
-        raise FormatError(key, 16, "manifest is not a JSON object")
-    name, kt, vt, batches = (obj.get(f) for f in ("name", "key_type", "val_type", "batches"))
+    obj = loads_bounded(body, key, max_depth=MAX_MANIFEST_DEPTH, max_bytes=MAX_MANIFEST,
+                        offset=16)
+    name = json_field(obj, "name", str, key, offset=16)
+    kt = json_field(obj, "key_type", str, key, offset=16)
+    vt = json_field(obj, "val_type", str, key, offset=16)
+    batches = json_field(obj, "batches", list, key, offset=16)
+    bound = json_field(obj, "lower_bound", (dict, type(None)), key, default=None, offset=16)
     try:
         check_spine_name(name)
     except InvalidInput as e:
-        raise FormatError(key, 16, str(e)) from e
-    if kt not in TYPE_NAMES or kt == "float64" or vt not in TYPE_NAMES:
-        raise FormatError(key, 16, f"unsupported key/val types {kt!r}/{vt!r}")
-    if not isinstance(batches, list) or not all(isinstance(b, str) and BATCH_NAME.match(b)
-                                                for b in batches):
-        raise FormatError(key, 16, "batches must be a list of '<ULID>.batch' names")
-    return SpineManifest(name, kt, vt, batches, _bound_from_json(obj.get("lower_bound"), key))
+        raise FormatError(key, 16, f"field 'name': {e}") from e
+    if kt not in BOUND_KIND:
+        raise FormatError(key, 16, f"field 'key_type' {kt!r:.40} is not one of "
+                          f"{sorted(BOUND_KIND)}")
+    if vt not in TYPE_NAMES:
+        raise FormatError(key, 16, f"field 'val_type' {vt!r:.40} is not one of "
+                          f"{sorted(TYPE_NAMES)}")
+    if not all(isinstance(b, str) and BATCH_NAME.match(b) for b in batches):
+        raise FormatError(key, 16, "field 'batches' must be a list of '<ULID>.batch' names")
+    return SpineManifest(name, kt, vt, batches, _bound_from_json(bound, key, kt))

@@ -104,15 +104,15 @@ class Circuit(PrometheusExport):
     def commit(self, step: int | None = None, identifier: str = "") -> str:
         """Checkpoint every spine (all or none); returns the checkpoint id."""
         with self._mu:
-            self.step = self.step + 1 if step is None else step
+            step = self.step + 1 if step is None else step
             manifests = {}
             for name, sp in self.spines.items():
                 names = sp.persist_all()
                 kt, vt = sp.schema.field("key").type, sp.schema.field("val").type
                 manifests[name] = SpineManifest(name, type_name(kt), type_name(vt), names,
                                                 sp.lower_bound)
-            info = self.store.commit_checkpoint(self.step, self.fingerprint, manifests,
-                                                identifier)
+            info = self.store.commit_checkpoint(step, self.fingerprint, manifests, identifier)
+            self.step = step  # only once committed: a failed commit can simply be retried
             log.info("checkpoint %s at step %d (%d spines)", info.id, info.step, len(manifests))
             return info.id
 
@@ -121,8 +121,9 @@ class Circuit(PrometheusExport):
 
     def gc_checkpoint(self, keep: int = MIN_KEPT_CHECKPOINTS) -> list[str]:
         """Remove the oldest checkpoints so ``keep`` (>= 2) remain; their ids."""
-        if keep < MIN_KEPT_CHECKPOINTS:
-            raise ValueError(f"keep must be >= {MIN_KEPT_CHECKPOINTS}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEPT_CHECKPOINTS:
+            raise InvalidInput(f"gc_checkpoint keep must be an int >= {MIN_KEPT_CHECKPOINTS}, "
+                               f"got {keep!r}")
         removed = []
         entries = self.store.checkpoints()
         for e in entries[: max(0, len(entries) - keep)]:

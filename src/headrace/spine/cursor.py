@@ -1,6 +1,9 @@
 """Cursor: walk a spine's consolidated view key by key, in key order, a chunk at a time.
 
-The cursor never materialises the whole spine: it asks the spine for the consolidated rows of a
+A cursor reads a snapshot of the spine's batches taken when it is created (batches are
+immutable), so merges, inserts and truncations while it iterates do not change what it yields;
+the batches it holds stay readable after a merge replaces them (a mapped file outlives its
+unlink). The cursor never materialises the whole spine: it asks the spine for the consolidated rows of a
 key range ``[lo, hi)`` whose upper end is a sparse-index key of the largest batch chosen so that
 a chunk holds about ``chunk_rows`` rows, and steps through that chunk with precomputed key-group
 boundaries (vectorised), so ``next_key`` is O(1).
@@ -17,7 +20,8 @@ class Cursor:
     """seek(key) / key() / values() / next_key() / valid() over lo <= key < hi."""
 
     def __init__(self, spine, lo=None, hi=None, chunk_rows: int = 65536):
-        self._spine = spine
+        # a live Spine is frozen here; a SpineSnapshot (or one batch) already is
+        self._spine = spine.snapshot() if hasattr(spine, "snapshot") else spine
         self._lo, self._hi = lo, hi
         self._chunk_rows = max(1, chunk_rows)
         self._bounds = self._chunk_bounds()

@@ -9,6 +9,26 @@ class SpineError(HeadraceError):
     """A spine cannot continue: a background merge failed, or it is closed."""
 
 
+class SpineWriteError(SpineError, OSError):
+    """Writing a spine file failed for good (a permanent error, or a transient one that outlived
+    the retries). Names the file and keeps the errno; what was committed before is intact."""
+
+    def __init__(self, path: str, cause: OSError, attempts: int):
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        message = (f"cannot write spine file {path!r}: {reason} (errno {cause.errno}, "
+                   f"{attempts} attempt{'s' if attempts != 1 else ''})")
+        super().__init__(message)
+        self.errno = cause.errno
+        self.strerror = cause.strerror
+        self.filename = path
+        self.path = path
+        self.attempts = attempts
+        self.message = message
+
+    def __str__(self) -> str:  # OSError would otherwise format errno/strerror itself
+        return self.message
+
+
 class StorageLocked(HeadraceError):
     """Another process (or another open in this one) holds the storage directory."""
 

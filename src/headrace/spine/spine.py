@@ -29,7 +29,8 @@ from headrace.spine.batch import (
     sorted_unique,
 )
 from headrace.spine.bloom import hash_keys
-from headrace.spine.errors import SpineError
+from headrace.spine.catalog import check_bound_value
+from headrace.spine.errors import SpineError, SpineWriteError
 
 log = logging.getLogger("headrace.spine")
 
@@ -43,14 +44,14 @@ class SpineConfig:
     block_bytes: int = DEFAULT_BLOCK_BYTES
 
     def __post_init__(self) -> None:
-        if self.merge_fanout < 2:
-            raise ValueError("merge_fanout must be >= 2")
-        if self.base_rows < 1:
-            raise ValueError("base_rows must be >= 1")
-        if self.memory_budget_bytes < 0:
-            raise ValueError("memory_budget_bytes must be >= 0")
-        if self.block_bytes < 512:
-            raise ValueError("block_bytes must be >= 512")
+        for name, least in (("merge_fanout", 2), ("base_rows", 1), ("memory_budget_bytes", 0),
+                            ("block_bytes", 512)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidInput(f"SpineConfig.{name} must be an int >= {least}, got {value!r}")
+        if not isinstance(self.background_merge, bool):
+            raise InvalidInput("SpineConfig.background_merge must be a bool, got "
+                               f"{self.background_merge!r}")
 
 
 class _Slot:
@@ -75,7 +76,8 @@ class Spine(PrometheusExport):
         self.name = name
         self.config = config or SpineConfig()
         self.store = store
-        self.lower_bound = lower_bound
+        self._key_type = self.schema.field("key").type
+        self.lower_bound = check_bound_value(lower_bound, self._key_type, f"spine {name!r}")
         self._slots: list[_Slot] = []
         self._lock = threading.Condition()
         self._error: BaseException | None = None
@@ -83,7 +85,7 @@ class Spine(PrometheusExport):
         self._merging = False
         self._counters = {"inserted_batches": 0, "inserted_rows": 0, "merges": 0,
                           "merged_rows": 0, "merge_seconds": 0.0, "spilled_batches": 0,
-                          "lookups": 0}
+                          "spill_failures": 0, "lookups": 0}
         for b in batches or []:
             self._check_schema(b)
             if len(b):
@@ -128,6 +130,9 @@ class Spine(PrometheusExport):
 
     def truncate_below(self, bound) -> None:
         """Hide (and let merges drop) every key below ``bound``; bounds only ever rise."""
+        if bound is None:
+            raise InvalidInput(f"spine {self.name!r}: truncate_below needs a key, got None")
+        bound = check_bound_value(bound, self._key_type, f"spine {self.name!r}")
         with self._lock:
             if self.lower_bound is None or bound > self.lower_bound:
                 self.lower_bound = bound
@@ -170,8 +175,7 @@ class Spine(PrometheusExport):
         try:
             out = Batch.merge([s.batch for s in plan], self.lower_bound)
             if self.store is not None and out.nbytes > self.config.memory_budget_bytes // 4:
-                out = self.store.write_batch(out, self.config.block_bytes)
-                self._counters["spilled_batches"] += 1
+                out = self._spill(out)
         except BaseException:
             with self._lock:
                 for s in plan:
@@ -271,11 +275,28 @@ class Spine(PrometheusExport):
                     return
                 slot = max(mem, key=lambda s: s.batch.nbytes)
                 old = slot.batch
-            persisted = self.store.write_batch(old, self.config.block_bytes)
+            persisted = self._spill(old)
+            if persisted is old:  # the disk refused: keep it in memory, commit will say why
+                return
             with self._lock:
                 if slot.batch is old:
                     slot.batch = persisted
-                self._counters["spilled_batches"] += 1
+
+    def _spill(self, batch: Batch) -> Batch:
+        """Write ``batch`` to the store to free memory; on a write error keep it in memory.
+
+        Spilling is optional (the batch is not committed yet), so a full or failing disk must not
+        kill the spine: the write is retried by the store, and if it still fails the batch stays
+        in memory and the next ``persist_all`` (a commit) raises the error to its caller.
+        """
+        try:
+            out = self.store.write_batch(batch, self.config.block_bytes)
+        except SpineWriteError as e:
+            log.warning("spine %s: cannot spill a batch, keeping it in memory: %s", self.name, e)
+            self._counters["spill_failures"] += 1
+            return batch
+        self._counters["spilled_batches"] += 1
+        return out
 
     def persist_all(self) -> list[str]:
         """Write every in-memory batch to the store; pin and return the names of all batches.
@@ -347,19 +368,24 @@ class Spine(PrometheusExport):
 
     def range(self, lo=None, hi=None) -> pa.Table:
         """The consolidated rows with lo <= key < hi."""
+        return self.snapshot().range(lo, hi)
+
+    def snapshot(self) -> SpineSnapshot:
+        """The batches and lower bound as they are now: later inserts, merges and truncations
+        do not change what the snapshot reads (batches are immutable)."""
         batches, bound = self._snapshot()
-        if bound is not None and (lo is None or lo < bound):
-            lo = bound
-        return self._finish([b.range(lo, hi) for b in batches], None, len(batches) == 1)
+        return SpineSnapshot(self, batches, bound)
 
     def to_table(self) -> pa.Table:
         """The whole consolidated contents."""
         return self.range()
 
     def cursor(self, lo=None, hi=None, chunk_rows: int = 65536):
+        """A cursor over a snapshot taken now: merges running while it iterates do not change
+        what it yields."""
         from headrace.spine.cursor import Cursor
 
-        return Cursor(self, lo, hi, chunk_rows)
+        return Cursor(self.snapshot(), lo, hi, chunk_rows)
 
     def metrics(self) -> dict:
         batches = self.batches
@@ -385,3 +411,25 @@ class Spine(PrometheusExport):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SpineSnapshot:
+    """A spine's batch list and lower bound frozen at one moment (what a Cursor reads)."""
+
+    __slots__ = ("_spine", "batches", "lower_bound")
+
+    def __init__(self, spine: Spine, batches: list[Batch], lower_bound):
+        self._spine = spine
+        self.batches = batches
+        self.lower_bound = lower_bound
+
+    def range(self, lo=None, hi=None) -> pa.Table:
+        """The consolidated rows with lo <= key < hi, as of the snapshot."""
+        where = f"spine {self._spine.name!r} range"
+        lo = check_bound_value(lo, self._spine._key_type, where)
+        hi = check_bound_value(hi, self._spine._key_type, where)
+        bound = self.lower_bound
+        if bound is not None and (lo is None or lo < bound):
+            lo = bound
+        return self._spine._finish([b.range(lo, hi) for b in self.batches], None,
+                                   len(self.batches) == 1)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from headrace.errors import InvalidKey
+from headrace.errors import InvalidInput, InvalidKey
 
 
 @dataclass(frozen=True)
@@ -178,5 +178,6 @@ class ObjectStore(abc.ABC):
 
 
 def check_range(key: str, start: int, end: int) -> None:
-    if start < 0 or end < start:
-        raise ValueError(f"bad range [{start}, {end}) for {key!r}")
+    if isinstance(start, bool) or isinstance(end, bool) or not isinstance(start, int) \
+            or not isinstance(end, int) or start < 0 or end < start:
+        raise InvalidInput(f"bad range [{start!r}, {end!r}) for {key!r}: need 0 <= start <= end")

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from headrace.errors import StoreError
+from headrace.errors import InvalidInput, StoreError
 from headrace.store.base import OVERWRITE, GetResult, ObjectMeta, ObjectStore, PutMode
 
 ALL_VERBS = frozenset({"get", "get_range", "head", "put", "list", "delete", "delete_many"})
@@ -67,14 +67,16 @@ class FaultyStore(ObjectStore):
         operation, not a blip its retry policy absorbs).
         """
         if corrupt_get not in (None, "flip", "truncate"):
-            raise ValueError("corrupt_get must be None, 'flip' or 'truncate'")
+            raise InvalidInput(f"FaultyStore corrupt_get must be None, 'flip' or 'truncate', got "
+                               f"{corrupt_get!r}")
         for name, rate in (("fail_rate", fail_rate), ("lost_reply_rate", lost_reply_rate),
                            ("corrupt_rate", corrupt_rate)):
             if not 0.0 <= rate <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+                raise InvalidInput(f"FaultyStore {name} must be in [0, 1], got {rate!r}")
         unknown = set(verbs) - ALL_VERBS
         if unknown:
-            raise ValueError(f"unknown verbs {sorted(unknown)}")
+            raise InvalidInput(f"FaultyStore verbs: unknown {sorted(unknown)}; known "
+                               f"{sorted(ALL_VERBS)}")
         with self._lock:
             self.fail_calls = set(fail_calls)
             self.fail_rate = fail_rate

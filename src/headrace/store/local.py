@@ -28,7 +28,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from headrace.errors import AlreadyExists, NotFound, PreconditionFailed, StoreError
+from headrace.errors import (
+    AlreadyExists,
+    InvalidInput,
+    InvalidKey,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+)
 from headrace.store.base import (
     OVERWRITE,
     Capabilities,
@@ -47,6 +54,7 @@ from headrace.store.base import (
 _TMP_PREFIX = ".hrtmp-"
 _LOCK_DIR = ".hrlocks"
 _LOCK_STRIPES = 1024
+_NAME_MAX = 255  # bytes in one path segment on Linux/macOS file systems
 
 
 def _etag(st: os.stat_result) -> str:
@@ -83,16 +91,27 @@ class LocalStore(ObjectStore):
     capabilities = Capabilities(conditional_put=True, listable=True, local_path=True)
 
     def __init__(self, root: str | os.PathLike, *, fsync: bool = True):
+        """``root`` is a file-system path (absolute, or relative to the working directory);
+        the folder is created if missing."""
+        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+            raise InvalidInput(f"LocalStore root must be a non-empty path, got {root!r}")
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot open a local store at {str(self.root)!r}: "
+                             f"{e.strerror or e}", retryable=False) from e
         self.fsync = fsync
         self.url = self.root.as_uri()
         self._root = str(self.root)  # string paths on the hot path: pathlib costs microseconds
 
     # -- paths and locks ---------------------------------------------------------------------
     def _path(self, key: str) -> str:
-        return f"{self._root}/{validate_key(key)}"
+        validate_key(key)
+        if len(key) > _NAME_MAX // 4:  # only then can a segment pass the limit (UTF-8: <= 4 B/char)
+            _check_segments(key)
+        return f"{self._root}/{key}"
 
     def local_path(self, key: str) -> Path:
         return Path(self._path(key))
@@ -135,6 +154,8 @@ class LocalStore(ObjectStore):
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(key) from None
+        except OSError as e:
+            raise self._os_error(key, e) from e
         try:
             return os.pread(fd, end - start, start)
         except IsADirectoryError:
@@ -190,16 +211,13 @@ class LocalStore(ObjectStore):
             if self.fsync:
                 _fsync_dir(parent)
             return etag
-        except StoreError:
+        except (StoreError, InvalidKey):
             raise
         except OSError as e:
             raise self._os_error(key, e) from e
         finally:
             if not renamed:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
+                _remove_quietly(tmp)  # never hides the error that got us here
 
     @staticmethod
     def _check_precondition(key: str, path: str, mode: PutMode) -> None:
@@ -231,11 +249,16 @@ class LocalStore(ObjectStore):
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix)
+        if len(prefix) > _NAME_MAX // 4:
+            _check_segments(prefix.rstrip("/"))
         # start the walk at the deepest folder the prefix names completely
         head, _, _ = prefix.rpartition("/")
         start = self.root / head if head else self.root
-        if not start.is_dir():
-            return iter(())
+        try:
+            if not start.is_dir():
+                return iter(())
+        except OSError as e:
+            raise self._os_error(prefix, e) from e
         return iter(sorted(self._walk(start, prefix), key=lambda m: m.key))
 
     def _walk(self, folder: Path, prefix: str) -> Iterator[ObjectMeta]:
@@ -283,7 +306,25 @@ class LocalStore(ObjectStore):
         return n
 
     @staticmethod
-    def _os_error(key: str, e: OSError) -> StoreError:
+    def _os_error(key: str, e: OSError) -> StoreError | InvalidKey:
+        if e.errno == errno.ENAMETOOLONG:
+            return InvalidKey(key, "too long for the local file system (a path segment over "
+                              f"{_NAME_MAX} bytes, or the whole path over its limit)")
         transient = e.errno in (errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT)
         return StoreError(f"local store I/O error on {key!r}: {e.strerror or e}", key=key,
                           retryable=transient)
+
+
+def _check_segments(key: str) -> None:
+    for seg in key.split("/"):
+        if len(seg.encode()) > _NAME_MAX:
+            raise InvalidKey(key, f"path segment of {len(seg.encode())} bytes; the local file "
+                             f"system allows {_NAME_MAX}")
+
+
+def _remove_quietly(path: str) -> None:
+    """Best-effort cleanup in a ``finally``: an error here must not replace the one in flight."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

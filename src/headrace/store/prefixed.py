@@ -5,15 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
+from headrace.errors import InvalidKey
 from headrace.store.base import OVERWRITE, GetResult, ObjectMeta, ObjectStore, PutMode, validate_key
 
 
 class PrefixedStore(ObjectStore):
+    """Keys ``k`` of this store are ``prefix/k`` in ``inner``.
+
+    ``prefix`` is a relative key (``tenant/a``; one trailing ``/`` is allowed). A leading ``/``
+    is refused, not stripped: a prefix names a place *inside* the inner store, and silently
+    re-rooting ``/abs`` at ``abs`` would put data where nobody asked for it.
+    """
+
     def __init__(self, inner: ObjectStore, prefix: str):
+        if not isinstance(prefix, str):
+            raise InvalidKey(prefix, "a prefix is a str")
+        if prefix.startswith("/"):
+            raise InvalidKey(prefix, "a store prefix is relative to the store; a leading '/' "
+                             "is refused")
+        body = prefix[:-1] if prefix.endswith("/") else prefix
         self.inner = inner
-        self.prefix = validate_key(prefix.strip("/")) + "/"
+        self.prefix = validate_key(body) + "/"
         self.capabilities = inner.capabilities
-        self.url = inner.url.rstrip("/") + "/" + prefix.strip("/") if "://" in inner.url else inner.url
+        self.url = inner.url.rstrip("/") + "/" + body if "://" in inner.url else inner.url
 
     def _k(self, key: str) -> str:
         return self.prefix + validate_key(key)

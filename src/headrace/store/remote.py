@@ -2,6 +2,9 @@
 
 The only module in headrace that imports a storage SDK. obstore speaks the three put modes
 natively (If-None-Match: * for Create, If-Match for IfMatch), which S3, GCS and Azure all honour.
+Every call is bounded by the timeouts and retry limits ``open_store`` configures; a call that
+runs out of time raises StoreTimeout, and a store opened without credentials whose requests fail
+for want of them raises CredentialsMissing saying what to set.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from contextlib import contextmanager
 
 from headrace.errors import (
     AlreadyExists,
+    CredentialsMissing,
     MissingDependency,
     NotFound,
     PreconditionFailed,
     StoreError,
+    StoreTimeout,
 )
 from headrace.store.base import (
     OVERWRITE,
@@ -41,6 +46,11 @@ except ImportError as e:  # pragma: no cover - obstore is a core dependency
 # obstore raises these for failures a retry cannot fix
 _PERMANENT = (obx.PermissionDeniedError, obx.UnauthenticatedError, obx.InvalidPathError,
               obx.NotSupportedError, obx.UnknownConfigurationKeyError)
+# how obstore's (debug) text shows a timeout, and a failed credential lookup (the EC2 instance
+# metadata endpoint is where it looks last)
+_TIMEOUT_MARKS = ("kind: Timeout", "TimedOut", "operation timed out")
+_CREDENTIAL_MARKS = ("/latest/api/token", "/latest/meta-data", "169.254.169.254",
+                     "credential", "Credential")
 
 
 def _ts(meta) -> float:
@@ -51,9 +61,13 @@ def _ts(meta) -> float:
 class ObstoreStore(ObjectStore):
     capabilities = Capabilities(conditional_put=True, listable=True, local_path=False)
 
-    def __init__(self, inner, url: str):
+    def __init__(self, inner, url: str, *, endpoint: str | None = None,
+                 timeout_s: float | None = None, credentials_hint: str | None = None):
         self._s = inner
         self.url = url
+        self._endpoint = endpoint or url
+        self._timeout_s = timeout_s
+        self._credentials_hint = credentials_hint  # set when none were given at open
 
     @contextmanager
     def _errors(self, key: str, mode: PutMode | None = None):
@@ -70,7 +84,18 @@ class ObstoreStore(ObjectStore):
             raise PreconditionFailed(key, getattr(mode, "etag", None)) from e
         except (obx.BaseError, OSError) as e:
             # never include obstore's config dump: it may carry credentials
-            text = str(e).splitlines()[0][:200] if str(e) else ""
+            full = str(e)
+            text = full.splitlines()[0][:200] if full else ""
+            if self._credentials_hint and any(m in full for m in _CREDENTIAL_MARKS):
+                raise CredentialsMissing(
+                    f"no credentials for {self.url} (needed for {key!r}): "
+                    f"{self._credentials_hint}", key=key) from None
+            if any(m in full for m in _TIMEOUT_MARKS):
+                limit = f" within {self._timeout_s:g}s" if self._timeout_s else ""
+                raise StoreTimeout(
+                    f"{self._endpoint} did not answer{limit} (object {key!r}); raise "
+                    "?timeout= / ?connect_timeout= in the store URL if it is just slow",
+                    key=key) from None
             raise StoreError(f"{type(e).__name__} on {key!r}: {text}", key=key,
                              retryable=not isinstance(e, _PERMANENT)) from e
 
