@@ -33,7 +33,7 @@ FOOTER_SIZE = FOOTER.size  # 7
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
 COMPRESSIONS = {"none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD}
-DEFAULT_MAX_BLOCK_BYTES = 1 << 31  # decompression bound: no batch expands past 2 GiB
+DEFAULT_MAX_BLOCK_BYTES = 1 << 27  # decompression bound: no batch expands past 128 MiB
 
 
 def encode_batch(entries: Sequence[bytes], compression: int = COMPRESSION_NONE) -> bytes:

@@ -71,7 +71,7 @@ class ReservoirOptions:
     direct_io: bool = False
     orphan_grace_s: float = 3600.0
     cache_wait_timeout_s: float = 60.0
-    max_checkpoint_bytes: int = 4 * GIB
+    max_checkpoint_bytes: int = 256 * MIB  # ~6M pages; bounds what a hostile header can cost
 
     def __post_init__(self) -> None:
         def need(cond: bool, field: str, what: str) -> None:
