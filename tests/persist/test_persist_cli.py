@@ -30,4 +30,4 @@ def test_shard_commands(tmp_path):
     key = client.state("orders").parts[0].key
     client.store.put(key, b"corrupt")
     res = run(cli, ["shard", "verify", url, "orders"])
-    assert res.exit_code != 0 and key in str(res.exception)
+    assert res.exit_code != 0 and key in res.output + str(res.exception)

@@ -117,3 +117,55 @@ def test_corrupt_state_version_is_loud(tmp_path, how):
     with pytest.raises(FormatError) as ei:
         PersistClient(faulty).upper("s")
     assert "consensus" in ei.value.key
+
+
+def _wrap_body(body: bytes, version: int = 2) -> bytes:
+    import zlib
+
+    from headrace.codec import U16, U32
+    head = b"HRPS" + U16.pack(version) + U16.pack(0) + U32.pack(len(body))
+    return head + body + U32.pack(zlib.crc32(head + body))
+
+
+def test_deeply_nested_state_is_format_error_not_recursion_error():
+    """Old code: json.loads raised RecursionError on hostile nesting."""
+    body = b'{"shard":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with pytest.raises(FormatError) as ei:
+        decode_state(_wrap_body(body), key="v")
+    assert ei.value.key == "v" and "nested" in str(ei.value)
+
+
+def test_version_1_states_are_still_read():
+    import json
+
+    v1 = {"shard": "s", "since": 0, "upper": 3, "leased": [], "critical": [], "schema": None,
+          "op_id": "x", "written_ms": 1,
+          "parts": [["persist/shards/s/parts/A.parquet", 0, 3, 1, 10, 7, None]]}
+    state = decode_state(_wrap_body(json.dumps(v1).encode(), version=1), key="v")
+    assert state.parts[0].floor == 0 and state.writers == ()
+    with pytest.raises(FormatError):  # v1 with v2 fields, or bad writer ids, are refused
+        decode_state(_wrap_body(json.dumps({**v1, "writers": []}).encode(), version=1))
+    v2 = {**v1, "parts": [], "writers": [["../x", 1, 1]]}
+    with pytest.raises(FormatError) as ei:
+        decode_state(_wrap_body(json.dumps(v2).encode()), key="v")
+    assert "writers[0]" in str(ei.value)
+
+
+def test_config_errors_are_headrace_errors(tmp_path):
+    from headrace.errors import InvalidInput, InvalidKey
+    from headrace.persist import ObjectStoreConsensus
+
+    store = LocalStore(tmp_path / "s")
+    for make in (lambda: PersistClient(store, auto_compact_at=4, compact_to=0),
+                 lambda: PersistClient(store, auto_compact_at=4, compact_to="2"),
+                 lambda: ObjectStoreConsensus(store, hint_every=0),
+                 lambda: ObjectStoreConsensus(store, fresh_s=900),
+                 lambda: PersistClient(store).compact("s", max_parts=0),
+                 lambda: PersistClient(store).sweep(grace_s=-1),
+                 lambda: PersistClient(store).open_reader("s", lease_s=0)):
+        with pytest.raises(InvalidInput):
+            make()
+    for root in ("/abs", "a/../b", ""):
+        with pytest.raises((InvalidKey, InvalidInput)):
+            PersistClient(store, root=root)
+    assert PersistClient(store, root="custom/").root == "custom"

@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from headrace.codec import ManualClock
 from headrace.persist import PersistClient, make_updates
 from headrace.spark.shard_source import register
 
@@ -42,6 +43,39 @@ def test_batch_and_stream_read(shard_spark, tmp_path):
     first = {(r.k, r.v, r.time, r.diff) for r in shard_spark.sql("select * from shard_stream")
              .collect()}
     assert first == {("b", 2, 4, 1), ("a", 3, 4, 1)}  # the snapshot at upper - 1
+
+
+def test_restarted_stream_keeps_its_since(shard_spark, tmp_path):
+    """Old code: the stream source held no capability, so after another reader advanced since a
+    restarted query could not read the updates it had left and raised SinceViolation."""
+    url = str(tmp_path / "store")
+    client = PersistClient(url)
+    w = client.open_writer("src")
+    w.compare_and_append(make_updates({"k": ["a", "b"], "v": [1, 2]}, [0, 2]), 0, 3)
+    got: list[tuple] = []
+
+    def run() -> None:
+        q = (shard_spark.readStream.format("headrace.shard").option("url", url)
+             .option("shard", "src").load().writeStream
+             .foreachBatch(lambda df, _: got.extend((r.k, r.v, r.time, r.diff)
+                                                    for r in df.collect()))
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    run()
+    assert sorted(got) == [("a", 1, 2, 1), ("b", 2, 2, 1)]  # the snapshot at upper - 1
+    stream_reader = [r.reader_id for r in client.state("src").leased]
+    w.compare_and_append(make_updates({"k": ["c", "a"], "v": [3, 1]}, [3, 5], [1, -1]), 3, 6)
+    client.open_reader("src").downgrade_since(5)  # another reader is done up to 5
+    assert client.since("src") <= 2  # the stream's reader (offsets say which) holds it
+    client.compact("src", max_parts=1)
+    got.clear()
+    run()  # a restart from the checkpoint
+    assert sorted(got) == [("a", 1, 5, -1), ("c", 3, 3, 1)]
+    state = client.state("src")
+    assert stream_reader[0] in {r.reader_id for r in state.leased}  # the same reader, resumed
 
 
 def _write_inputs(folder, first: int, count: int) -> None:
@@ -132,7 +166,11 @@ def test_stream_sink_exactly_once_across_restarts(shard_spark, tmp_path):
         assert (ckpt / "commits" / str(replayed)).exists()  # Spark did rerun that batch
     assert PersistClient(url).upper("out") == 6
     assert _history(url, "out") == _expected(6)  # = one uninterrupted run: batch i = file i
-    client = PersistClient(url)
-    client.sweep(grace_s=0)  # the killed driver may have left an uploaded, unlinked part
+    sink_writers = {w.writer_id for w in PersistClient(url).state("out").writers}
+    assert len(sink_writers) == 1  # every batch of every run reused one registered writer
+    # the killed driver may have left an uploaded, unlinked part: the sink writer's lease
+    # (1 h) protects it, a sweep after the lease collects it
+    client = PersistClient(url, clock=ManualClock(int(time.time() * 1000) + 7_200_000))
+    client.sweep(grace_s=0)
     referenced = {p.key for p in client.state("out").parts}
     assert {m.key for m in client.store.list("persist/shards/out/parts/")} == referenced

@@ -8,6 +8,7 @@ from headrace.persist.compaction import CompactionResult, SweepResult
 from headrace.persist.consensus import Consensus, ObjectStoreConsensus, VersionedData
 from headrace.persist.errors import (
     ConsensusContended,
+    DefinitenessViolation,
     InvalidBounds,
     LeaseExpired,
     SinceViolation,
@@ -15,12 +16,15 @@ from headrace.persist.errors import (
     TokenMismatch,
     UpperMismatch,
 )
-from headrace.persist.handles import ListenEvent, ReadHandle, WriteHandle
-from headrace.persist.state import PartMeta, ShardState
+from headrace.persist.handles import ListenEvent, ReadHandle
+from headrace.persist.state import PartMeta, ShardState, WriterLease
+from headrace.persist.uploads import upload_part
+from headrace.persist.writer import WriteHandle
 
 __all__ = [
-    "CompactionResult", "Consensus", "ConsensusContended", "InvalidBounds", "LeaseExpired",
-    "ListenEvent", "ObjectStoreConsensus", "PartMeta", "PersistClient", "ReadHandle",
-    "ShardState", "SinceViolation", "SnapshotTimeout", "SweepResult", "TokenMismatch",
-    "UpperMismatch", "VersionedData", "WriteHandle", "make_updates",
+    "CompactionResult", "Consensus", "ConsensusContended", "DefinitenessViolation",
+    "InvalidBounds", "LeaseExpired", "ListenEvent", "ObjectStoreConsensus", "PartMeta",
+    "PersistClient", "ReadHandle", "ShardState", "SinceViolation", "SnapshotTimeout",
+    "SweepResult", "TokenMismatch", "UpperMismatch", "VersionedData", "WriteHandle",
+    "WriterLease", "make_updates", "upload_part",
 ]

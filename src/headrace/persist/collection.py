@@ -11,7 +11,9 @@ A CollectionReader follows the metadata shard: the meta upper advancing is proof
 happened below it, so the reader emits the current rendition's updates up to it; at a handover t
 it emits the negated snapshot of the old rendition at t - 1 (exactly what it had emitted) plus the
 snapshot of the new one at t, both at time t. Its output therefore accumulates to rendition 1
-before t and to rendition 2 from t on, never a mixture.
+before t and to rendition 2 from t on, never a mixture. It reads under leased readers: one on the
+metadata shard and one on each shard of the rendition it follows (seed 004: readers hold read
+capabilities), so compaction can never take times it still has to read.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import pyarrow.compute as pc
 
 from headrace.errors import FormatError, InvalidInput
 from headrace.persist import parts as P
-from headrace.persist.client import PersistClient
+from headrace.persist.client import DEFAULT_LEASE_S, PersistClient
 from headrace.persist.errors import InvalidBounds, UpperMismatch
+from headrace.persist.handles import ReadHandle
 
 RENDITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,60}$")
 
@@ -85,8 +88,8 @@ class Collection:
     def meta_upper(self) -> int | None:
         return self.client.upper(self.meta_shard)
 
-    def _roles(self, as_of: int) -> dict[str, list[Rendition]]:
-        snap = self.meta.snapshot(as_of, timeout_s=0)
+    def _roles(self, as_of: int, reader: ReadHandle | None = None) -> dict[str, list[Rendition]]:
+        snap = (reader or self.meta).snapshot(as_of, timeout_s=0)
         out: dict[str, list[Rendition]] = {"active": [], "retired": []}
         for row in snap.to_pylist():
             if row["diff"] != 1 or row["role"] not in out:
@@ -97,8 +100,8 @@ class Collection:
                               f"{len(out['active'])} active renditions at {as_of}")
         return out
 
-    def active(self, as_of: int) -> Rendition:
-        return self._roles(as_of)["active"][0]
+    def active(self, as_of: int, reader: ReadHandle | None = None) -> Rendition:
+        return self._roles(as_of, reader)["active"][0]
 
     def rendition_upper(self, r: Rendition) -> int | None:
         ups = [self.client.upper(s) for s in r.shard_names]
@@ -141,25 +144,45 @@ class Collection:
                     deleted.append(shard)
         return deleted
 
-    def reader(self, as_of: int) -> CollectionReader:
-        return CollectionReader(self, as_of)
+    def reader(self, as_of: int, *, lease_s: float = DEFAULT_LEASE_S) -> CollectionReader:
+        return CollectionReader(self, as_of, lease_s=lease_s)
 
 
 class CollectionReader:
-    """Follows the metadata shard; ``poll()`` returns the updates newly available."""
+    """Follows the metadata shard; ``poll()`` returns the updates newly available.
 
-    def __init__(self, collection: Collection, as_of: int):
+    Holds leased readers while it lives (heartbeated by its polls; ``close()`` expires them):
+    opening it at an ``as_of`` the collection's since has passed raises SinceViolation."""
+
+    def __init__(self, collection: Collection, as_of: int, *, lease_s: float = DEFAULT_LEASE_S):
         self.coll = collection
         self.client = collection.client
-        self.meta_reader = self.client.open_reader(collection.meta_shard)
+        self.lease_s = lease_s
+        self.meta_reader = self.client.open_reader(collection.meta_shard, as_of=as_of,
+                                                   lease_s=lease_s)
+        self.readers: dict[str, ReadHandle] = {}  # shard of the followed rendition -> reader
         self.as_of = as_of
         self.current: Rendition | None = None
         self.frontier = as_of  # everything below has been emitted (after the first poll)
+        self._since = 0  # what the readers were last downgraded to
+
+    def _hold(self, r: Rendition, as_of: int) -> None:
+        """Leased readers on ``r``'s shards, registered where ``as_of`` can still be read."""
+        for shard in r.shard_names:
+            if shard not in self.readers:
+                self.readers[shard] = self.client.open_reader(shard, as_of=as_of,
+                                                              lease_s=self.lease_s)
+
+    def _release(self, r: Rendition) -> None:
+        for shard in r.shard_names:
+            reader = self.readers.pop(shard, None)
+            if reader is not None:
+                reader.expire()
 
     def _snapshot(self, r: Rendition, t: int, sign: int, at: int | None = None) -> pa.Table:
         """Rendition ``r`` consolidated at ``t``, times set to ``at`` (default t), times sign."""
         at = t if at is None else at
-        tables = [self.client.read_only(s).snapshot(t, timeout_s=0) for s in r.shard_names]
+        tables = [self.readers[s].snapshot(t, timeout_s=0) for s in r.shard_names]
         snap = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         snap = snap.append_column(P.TIME, pa.array(np.full(snap.num_rows, at, np.uint64)))
         diff = snap.column(P.DIFF) if sign > 0 else pc.negate(snap.column(P.DIFF))
@@ -167,8 +190,7 @@ class CollectionReader:
             .select(P.data_columns(snap.schema) + [P.TIME, P.DIFF])
 
     def _updates(self, r: Rendition, lo: int, hi: int) -> pa.Table:
-        tables = [self.client.read_only(s).updates_between(lo, hi, timeout_s=0)
-                  for s in r.shard_names]
+        tables = [self.readers[s].updates_between(lo, hi, timeout_s=0) for s in r.shard_names]
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
     def poll(self) -> list[pa.Table]:
@@ -178,7 +200,8 @@ class CollectionReader:
             meta_upper = self.coll.meta_upper()
             if meta_upper is not None and meta_upper <= self.as_of:
                 return out
-            r = self.coll.active(self.as_of)
+            r = self.coll.active(self.as_of, self.meta_reader)
+            self._hold(r, self.as_of)
             r_upper = self.coll.rendition_upper(r)
             if r_upper is not None and r_upper <= self.as_of:
                 return out
@@ -188,7 +211,7 @@ class CollectionReader:
         while True:
             meta_upper = self.coll.meta_upper()
             meta_hi = meta_upper if meta_upper is not None else (1 << 64) - 1
-            changes = self.coll.meta.updates_between(self.frontier, meta_hi, timeout_s=0)
+            changes = self.meta_reader.updates_between(self.frontier, meta_hi, timeout_s=0)
             handovers = pc.filter(changes.column(P.TIME), pc.and_(
                 pc.equal(changes.column("role"), "active"), pc.equal(changes.column(P.DIFF), 1)))
             h = int(pc.min(handovers).as_py()) if len(handovers) else None
@@ -201,17 +224,32 @@ class CollectionReader:
                 self.frontier = limit
             if h is None or self.frontier != h:
                 break
-            new = self.coll.active(h)
+            new = self.coll.active(h, self.meta_reader)
+            self._hold(new, h)
             new_upper = self.coll.rendition_upper(new)
             if new_upper is not None and new_upper <= h:
                 break  # the new rendition has not reached t_handover yet
-            out.append(self._snapshot(self.current, h - 1, -1, h) if h > 0 else None)
+            if h > 0:
+                out.append(self._snapshot(self.current, h - 1, -1, h))
             out.append(self._snapshot(new, h, +1))
-            out = [t for t in out if t is not None]
+            self._release(self.current)
             self.current, self.frontier = new, h + 1
-        if self.frontier > 0:
-            self.meta_reader.downgrade_since(self.frontier - 1)
+        self._downgrade()
         return [t for t in out if t.num_rows]
 
+    def _downgrade(self) -> None:
+        """Promise never to read below frontier - 1 again: lets compaction advance."""
+        since = self.frontier - 1
+        if since <= self._since:
+            for reader in (self.meta_reader, *self.readers.values()):
+                reader._maybe_heartbeat()
+            return
+        self.meta_reader.downgrade_since(since)
+        for shard in self.current.shard_names if self.current else ():
+            self.readers[shard].downgrade_since(since)
+        self._since = since
+
     def close(self) -> None:
+        for shard in list(self.readers):
+            self.readers.pop(shard).expire()
         self.meta_reader.expire()

@@ -49,7 +49,7 @@ from headrace.errors import (
 )
 from headrace.metrics import PrometheusExport
 from headrace.retry import RetryPolicy
-from headrace.store import CREATE, OVERWRITE, IfMatch, ObjectStore, open_store
+from headrace.store import CREATE, OVERWRITE, IfMatch, ObjectStore, open_store, validate_key
 
 log = logging.getLogger("headrace.persist")
 
@@ -64,6 +64,13 @@ def validate_shard_name(name: object) -> str:
         raise InvalidInput(f"bad shard name {name!r}: use [A-Za-z0-9][A-Za-z0-9._=~-]*, "
                            "at most 200 characters")
     return name
+
+
+def validate_root(root: object) -> str:
+    """The key prefix shards live under: a relative key (a trailing '/' is allowed)."""
+    if not isinstance(root, str):
+        raise InvalidInput(f"root must be a str, got {type(root).__name__}")
+    return validate_key(root[:-1] if root.endswith("/") else root)
 
 
 @dataclass(frozen=True)
@@ -119,16 +126,17 @@ class ObjectStoreConsensus(Consensus, PrometheusExport):
     def __init__(self, store: ObjectStore | str, root: str = DEFAULT_ROOT, *,
                  hint_every: int = 16, retry: RetryPolicy | None = None,
                  min_age_s: float = 600.0, fresh_s: float = 60.0):
-        if hint_every < 1:
-            raise ValueError("hint_every must be >= 1")
+        if type(hint_every) is not int or hint_every < 1:
+            raise InvalidInput(f"hint_every {hint_every!r} must be an int >= 1")
         if fresh_s < 0 or min_age_s < 0 or (fresh_s and fresh_s >= min_age_s):
-            raise ValueError("need fresh_s == 0 or 0 < fresh_s < min_age_s")
+            raise InvalidInput(f"need fresh_s == 0 or 0 < fresh_s < min_age_s (got fresh_s "
+                               f"{fresh_s!r}, min_age_s {min_age_s!r})")
         self.min_age_s = min_age_s
         self.fresh_s = fresh_s
         self._known: dict[str, tuple[int, float]] = {}  # key -> (head seqno, monotonic when)
         self._known_lock = threading.Lock()
         self.store = open_store(store)
-        self.root = root.strip("/")
+        self.root = validate_root(root)
         self.hint_every = hint_every
         self.retry = retry or RetryPolicy(max_attempts=8)
         self._metrics = {"cas_ok": 0, "cas_lost": 0, "zombies_removed": 0, "heads": 0,

@@ -24,11 +24,27 @@ class InvalidBounds(InvalidInput):
 
 
 class SinceViolation(HeadraceError):
-    """A read at ``as_of`` below the shard's since: those times have been compacted away."""
+    """A read that needs times from ``as_of`` on, but the shard's since has passed it: those times
+    may have been compacted away, so the read is refused rather than answered wrongly."""
 
-    def __init__(self, shard: str, as_of: int, since: int):
-        super().__init__(f"shard {shard!r}: as_of {as_of} is below since {since}")
+    def __init__(self, shard: str, as_of: int, since: int, why: str = ""):
+        super().__init__(f"shard {shard!r}: as_of {as_of} is below since {since}"
+                         + (f" ({why})" if why else ""))
         self.shard, self.as_of, self.since = shard, as_of, since
+
+
+class DefinitenessViolation(HeadraceError):
+    """Different data for times the shard already holds (seed 004: writers of a shard must be
+    definite). A replay of the same updates is not this; ``differing`` counts the (row, time)
+    groups whose diffs disagree."""
+
+    def __init__(self, shard: str, lower: int, upper: int | None, differing: int,
+                 detail: str = ""):
+        hi = "∞" if upper is None else upper
+        super().__init__(f"shard {shard!r}: times [{lower}, {hi}) were already written with "
+                         f"different updates ({differing} (row, time) groups differ)"
+                         + (f": {detail}" if detail else ""))
+        self.shard, self.lower, self.upper, self.differing = shard, lower, upper, differing
 
 
 class SnapshotTimeout(HeadraceError, TimeoutError):
@@ -36,7 +52,8 @@ class SnapshotTimeout(HeadraceError, TimeoutError):
 
 
 class LeaseExpired(HeadraceError):
-    """A leased reader's lease ran out (or it was expired): its since no longer holds."""
+    """A lease ran out (or was released): a leased reader's since no longer holds, or a writer
+    is no longer registered (its unlinked parts may be swept, so it may not link them)."""
 
 
 class TokenMismatch(HeadraceError):

@@ -1,13 +1,19 @@
-"""WriteHandle and ReadHandle: the two ways to touch a shard.
+"""ReadHandle: reading a shard under a since-capability.
 
-Write protocol: (1) validate bounds and times, (2) upload the updates as a new Parquet part with a
-Create put, (3) CAS the state forward: ``upper == expected_upper`` → ``upper = new_upper`` and the
-part linked. A loser of step 3 gets UpperMismatch and its part is deleted (the sweep collects it if
-the writer dies first). ``append`` is the idempotent form: it trims to the current upper.
+Every read holds a capability that keeps the shard's since at or below what it needs, for as
+long as it reads: a leased reader (registered, heartbeated, expiring), a critical reader
+(token-guarded, never expires), a one-shot lease taken for the duration of a single read
+(``client.read_only``), or a capability another process holds (``client.attach_reader``: a Spark
+executor reading for the driver's reader). After fetching the parts a read looks at the since
+again: if the capability was lost meanwhile (its lease ran out) and since passed what the read
+needs, it raises SinceViolation — it never returns data compaction may have changed.
 
-Read protocol: ``snapshot(as_of)`` needs ``since <= as_of < upper``; it reads the parts whose
-lower is ``<= as_of``, keeps times ``<= as_of`` and consolidates (sum diff per row, drop zeros).
-Times are *dropped* from a snapshot (every row is "as of as_of"). ``listen`` yields updates with
+What a read needs: ``snapshot(as_of)`` needs ``since <= as_of``; ``updates_between(lo, hi)``
+needs ``since < lo`` (times below since are advanced *to* since, so at ``since == lo`` older
+updates would appear at lo), or ``since < hi`` for ``lo == 0``.
+
+``snapshot(as_of)`` reads the parts with times ``<= as_of``, keeps times ``<= as_of`` and
+consolidates (sum diff per row, drop zeros); times are *dropped*. ``listen`` yields updates with
 their times, in time order, after as_of, plus the upper reached.
 """
 
@@ -16,13 +22,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from headrace.codec import new_ulid
-from headrace.errors import InvalidInput, NotFound
+from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import parts as P
 from headrace.persist.errors import (
     InvalidBounds,
@@ -30,7 +35,6 @@ from headrace.persist.errors import (
     SinceViolation,
     SnapshotTimeout,
     TokenMismatch,
-    UpperMismatch,
 )
 from headrace.persist.machine import ShardMachine
 from headrace.persist.state import MAX_TIME, PartMeta, ShardState
@@ -46,107 +50,20 @@ class ListenEvent:
     progress: int | None
 
 
-class WriteHandle:
-    def __init__(self, client, machine: ShardMachine):
-        self.client = client
-        self.machine = machine
-        self.shard = machine.shard
-        self.writer_id = new_ulid()
-
-    def upper(self) -> int | None:
-        return self.machine.fetch().upper
-
-    def compare_and_append(self, updates: pa.Table, expected_upper: int,
-                           new_upper: int | None) -> ShardState:
-        """Append iff the shard's upper is ``expected_upper``; else raise UpperMismatch."""
-        updates = P.check_updates(updates)
-        _check_bounds(expected_upper, new_upper)
-        if updates.num_rows:
-            tmin, tmax = pc.min_max(updates.column(P.TIME)).values()
-            if tmin.as_py() < expected_upper or (new_upper is not None
-                                                 and tmax.as_py() >= new_upper):
-                raise InvalidBounds(f"update times [{tmin}, {tmax}] outside "
-                                    f"[{expected_upper}, {new_upper})")
-        if self.machine.current().upper != expected_upper:
-            self.machine.fetch()  # the cache may be stale; decide on the real head
-        state = self.machine.current()
-        if state.upper != expected_upper:
-            raise UpperMismatch(expected_upper, state.upper, self.shard)
-        schema = P.data_schema(updates).remove_metadata()
-        if not updates.num_rows and any(pa.types.is_null(f.type) for f in schema):
-            schema = None  # an untyped empty batch neither fixes nor checks the schema
-        else:
-            _check_schema(state, schema, self.shard)
-        part = None
-        if updates.num_rows:
-            hi = new_upper if new_upper is not None else int(tmax.as_py()) + 1
-            part = P.write_part(self.client.store, self.client.root, self.shard,
-                                updates.select(P.data_columns(updates.schema) + [P.TIME, P.DIFF]),
-                                expected_upper, hi)
-        return self.link_parts([part] if part else [], expected_upper, new_upper, schema)
-
-    def link_parts(self, new_parts: list[PartMeta], expected_upper: int,
-                   new_upper: int | None, schema: pa.Schema | None) -> ShardState:
-        """CAS step of the write protocol for parts already uploaded (the Spark sink uses it)."""
-        _check_bounds(expected_upper, new_upper)
-        schema_text = P.schema_to_text(schema) if schema is not None else None
-
-        def step(state: ShardState) -> ShardState:
-            if state.upper != expected_upper:
-                raise UpperMismatch(expected_upper, state.upper, self.shard)
-            if schema is not None:
-                _check_schema(state, schema, self.shard)
-            return replace(state, upper=new_upper, parts=state.parts + tuple(new_parts),
-                           schema=state.schema or schema_text)
-
-        try:
-            state = self.machine.apply(step)
-        except UpperMismatch:
-            P.delete_quietly(self.client.store, [p.key for p in new_parts])  # never linked
-            raise
-        limit = self.client.auto_compact_at
-        if limit is not None and len(state.parts) > limit:
-            self.client.request_compaction(self.shard)  # off the append's latency path
-        return state
-
-    def append(self, updates: pa.Table, lower: int, upper: int | None) -> bool:
-        """Idempotent append of the updates for [lower, upper): trims to the current upper.
-
-        Returns False (a no-op) when the shard is already at or past ``upper``; raises
-        UpperMismatch when the shard's upper is below ``lower`` (there would be a gap).
-        """
-        updates = P.check_updates(updates)
-        _check_bounds(lower, upper)
-        for _ in range(1000):
-            current = self.machine.fetch().upper
-            if current is None or (upper is not None and current >= upper):
-                return False
-            if current < lower:
-                raise UpperMismatch(lower, current, self.shard)
-            if current > lower and updates.num_rows:
-                updates = updates.filter(pc.greater_equal(updates.column(P.TIME),
-                                                          pa.scalar(current, pa.uint64())))
-            try:
-                self.compare_and_append(updates, current, upper)
-                return True
-            except UpperMismatch:
-                continue  # someone else moved it: trim again
-        raise UpperMismatch(lower, self.machine.fetch().upper, self.shard)
-
-    def finish(self, expected_upper: int) -> ShardState:
-        """Advance the upper to the empty frontier: nothing more can be written."""
-        return self.link_parts([], expected_upper, None, None)
+ONE_SHOT_LEASE_S = 900.0
 
 
 class ReadHandle:
-    """A reader: leased (expires unless heartbeated), critical (token-guarded), or read-only."""
+    """A reader: leased, critical, one-shot (a lease per read) or attached (held elsewhere)."""
 
-    def __init__(self, client, machine: ShardMachine, reader_id: str | None, kind: str):
+    def __init__(self, client, machine: ShardMachine, reader_id: str | None, kind: str,
+                 lease_s: float = ONE_SHOT_LEASE_S):
         self.client = client
         self.machine = machine
         self.shard = machine.shard
         self.reader_id = reader_id
-        self.kind = kind  # "leased" | "critical" | "read-only"
+        self.kind = kind  # "leased" | "critical" | "one-shot" | "attached"
+        self.lease_s = lease_s
         self._last_heartbeat_ms = client.clock.now_ms()
 
     # -- frontiers -------------------------------------------------------------------------
@@ -168,6 +85,7 @@ class ReadHandle:
         """Promise never to read below ``since`` (leased readers); since never goes back."""
         if self.kind != "leased":
             raise InvalidInput(f"downgrade_since is for leased readers, this one is {self.kind}")
+        _check_time(since, "since")
         now = self.client.clock.now_ms()
 
         def step(state):
@@ -197,6 +115,7 @@ class ReadHandle:
         """Critical readers: move since (never back) and the token iff the token matches."""
         if self.kind != "critical":
             raise InvalidInput("compare_and_downgrade_since is for critical readers")
+        _check_time(since, "since")
 
         def step(state):
             r = self._mine(state)
@@ -209,7 +128,7 @@ class ReadHandle:
 
     def expire(self) -> None:
         """Unregister: this reader no longer holds since back."""
-        if self.kind == "read-only":
+        if self.kind not in ("leased", "critical"):
             return
 
         def step(state):
@@ -230,6 +149,30 @@ class ReadHandle:
                 self.heartbeat()
 
     # -- reads -----------------------------------------------------------------------------
+    @contextmanager
+    def _holding(self, needed: int):
+        """Hold a capability for a read that needs ``since <= needed`` while it runs."""
+        if self.kind != "one-shot":
+            self._maybe_heartbeat()
+            yield
+            return
+        lease = self.client.open_reader(self.shard, as_of=needed, lease_s=self.lease_s)
+        try:
+            yield
+        finally:
+            try:
+                lease.expire()
+            except HeadraceError as e:  # the lease runs out by itself
+                log.info("shard %s: could not release read lease %s now: %s", self.shard,
+                         lease.reader_id, e)
+
+    def _recheck(self, needed: int) -> None:
+        """After the parts were fetched: was since kept at or below ``needed`` all along?"""
+        since = self.machine.fetch().since
+        if needed < since:
+            raise SinceViolation(self.shard, needed, since,
+                                 "the reader's capability was lost while it read")
+
     def _wait_for(self, as_of: int, timeout_s: float | None) -> ShardState:
         clock = self.client.clock
         start, delay = clock.monotonic(), 0.005
@@ -248,34 +191,53 @@ class ReadHandle:
 
     def snapshot(self, as_of: int, *, timeout_s: float | None = 60.0) -> pa.Table:
         """Consolidated contents at ``as_of``: data columns + diff (times dropped)."""
-        if not 0 <= as_of <= MAX_TIME:
-            raise InvalidBounds(f"as_of {as_of} out of range")
-        state = self._wait_for(as_of, timeout_s)
-        updates = self.client.read_updates(state, 0, as_of + 1)
+        _check_time(as_of, "as_of")
+        with self._holding(as_of):
+            state = self._wait_for(as_of, timeout_s)
+            updates = self.client.read_updates(state, 0, as_of + 1)
+            self._recheck(as_of)
         return P.consolidate(updates, keep_time=False)
 
     def updates_between(self, lower: int, upper: int, *,
                         timeout_s: float | None = 60.0) -> pa.Table:
         """Updates with lower <= time < upper (as written, modulo compaction below since)."""
-        if upper > lower:
-            self._wait_for(upper - 1, timeout_s)
-        state = self.machine.current()
-        if lower < state.since and lower > 0:
-            raise SinceViolation(self.shard, lower, state.since)
-        return self.client.read_updates(state, lower, upper)
+        _check_time(lower, "lower")
+        _check_time(upper, "upper")
+        if upper <= lower:
+            return self.client.empty_updates(self.machine.current())
+        needed = lower - 1 if lower > 0 else upper - 1
+        with self._holding(needed):
+            state = self._wait_for(upper - 1, timeout_s)
+            if needed < state.since:
+                raise SinceViolation(self.shard, lower, state.since,
+                                     "updates from lower need since < lower")
+            updates = self.client.read_updates(state, lower, upper)
+            self._recheck(needed)
+        return updates
 
     def listen(self, as_of: int, *, poll_s: float = 0.05,
                timeout_s: float | None = None) -> Iterator[ListenEvent]:
         """Updates after ``as_of`` in time order, one event per observed upper advance."""
+        _check_time(as_of, "as_of")
+        if self.kind == "one-shot":  # a listen is many reads: hold a lease for all of them
+            reader = self.client.open_reader(self.shard, as_of=as_of, lease_s=self.lease_s)
+            try:
+                yield from reader.listen(as_of, poll_s=poll_s, timeout_s=timeout_s)
+            finally:
+                reader.expire()
+            return
         state = self._wait_for(as_of, timeout_s)
         frontier = as_of + 1
         clock = self.client.clock
         idle_since = clock.monotonic()
         while True:
             state = self.machine.fetch()
+            if frontier - 1 < state.since:
+                raise SinceViolation(self.shard, frontier - 1, state.since)
             if state.upper is None or state.upper > frontier:
                 hi = state.upper if state.upper is not None else MAX_TIME
                 updates = self.client.read_updates(state, frontier, hi)
+                self._recheck(frontier - 1)
                 yield ListenEvent(updates.sort_by(P.TIME), state.upper)
                 if state.upper is None:
                     return
@@ -290,18 +252,10 @@ class ReadHandle:
                 clock.sleep(poll_s)
 
 
-def _check_bounds(lower: int, upper: int | None) -> None:
-    if type(lower) is not int or not 0 <= lower <= MAX_TIME:
-        raise InvalidBounds(f"lower/expected upper {lower!r} is not a u64 time")
-    if upper is not None and (type(upper) is not int or not lower < upper <= MAX_TIME):
-        raise InvalidBounds(f"new upper {upper!r} must be a u64 time > {lower} (or None)")
-
-
-def _check_schema(state: ShardState, schema: pa.Schema, shard: str) -> None:
-    if state.schema is not None:
-        have = P.schema_from_text(state.schema)
-        if not have.equals(schema):
-            raise InvalidInput(f"shard {shard!r} has data columns {have}, updates have {schema}")
+def _check_time(t: object, what: str) -> int:
+    if type(t) is not int or not 0 <= t <= MAX_TIME:
+        raise InvalidBounds(f"{what} {t!r} is not a u64 time")
+    return t
 
 
 def read_parts_parallel(store, parts: list[PartMeta], threads: int = 8) -> list[pa.Table]:
@@ -311,4 +265,4 @@ def read_parts_parallel(store, parts: list[PartMeta], threads: int = 8) -> list[
         return list(ex.map(lambda p: P.read_part(store, p), parts))
 
 
-__all__ = ["ListenEvent", "NotFound", "ReadHandle", "WriteHandle", "read_parts_parallel"]
+__all__ = ["ListenEvent", "ReadHandle", "read_parts_parallel"]

@@ -3,8 +3,9 @@
 Every change to a shard (append, reader registration, since downgrade, compaction) is a pure
 function ``state -> next state`` run by :meth:`ShardMachine.apply`: encode the next state, CAS
 it in as version seqno+1, and on a lost race fetch the head and run the function again on the
-fresh state (it may now refuse, e.g. with UpperMismatch). Expired leases are dropped on every
-change, so since advances even when a leased reader dies.
+fresh state (it may now refuse, e.g. with UpperMismatch). Expired leases — of readers and of
+writers — are dropped on every change, so since advances even when a leased reader dies, and the
+parts a dead writer uploaded become collectable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ log = logging.getLogger("headrace.persist")
 
 CAS_RETRY = RetryPolicy(max_attempts=200, base_delay_s=0.002, max_delay_s=0.1,
                         max_elapsed_s=120.0)
+
+
+def drop_expired(state: ShardState, now_ms: int) -> ShardState:
+    """``state`` without the leased readers and writers whose lease ran out at ``now_ms``."""
+    live = [r for r in state.leased if not r.expired(now_ms)]
+    if len(live) != len(state.leased):
+        log.info("shard %s: dropping %d expired leased readers", state.shard,
+                 len(state.leased) - len(live))
+        state = state.with_readers(leased=live)
+    writers = tuple(w for w in state.writers if not w.expired(now_ms))
+    if len(writers) != len(state.writers):
+        log.info("shard %s: dropping %d expired writers", state.shard,
+                 len(state.writers) - len(writers))
+        state = replace(state, writers=writers)
+    return state
 
 
 class ShardMachine:
@@ -70,11 +86,7 @@ class ShardMachine:
                 if nxt is None:
                     return state
                 now = self.clock.now_ms()
-                live = [r for r in nxt.leased if not r.expired(now)]
-                if len(live) != len(nxt.leased):
-                    log.info("shard %s: dropping %d expired leased readers", self.shard,
-                             len(nxt.leased) - len(live))
-                    nxt = nxt.with_readers(leased=live)
+                nxt = drop_expired(nxt, now)
                 nxt = replace(nxt, op_id=new_ulid(), written_ms=now, seqno=state.seqno + 1)
                 expected = state.seqno if state.seqno > 0 else None
                 if self.consensus.compare_and_set(self.shard, expected, encode_state(nxt)):

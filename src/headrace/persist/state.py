@@ -4,13 +4,15 @@ Every version is the *whole* state (a rollup): a cold open — which a Spark sin
 micro-batch — is a head lookup plus one GET, never a replay of diffs. The state stays small
 because compaction bounds the parts list. Layout: docs/formats/persist-state.md.
 
-    magic "HRPS" | u16 version (1) | u16 flags (0) | u32 body length | JSON body | u32 crc32
+    magic "HRPS" | u16 version (2; 1 is still read) | u16 flags (0) | u32 body length | JSON body
+    | u32 crc32
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 
 from headrace.codec import U16, U32, ByteReader, check_bound, crc32
 from headrace.errors import FormatError
@@ -18,7 +20,9 @@ from headrace.persist.consensus import MAX_SEQNO
 from headrace.store import validate_key
 
 MAGIC = b"HRPS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no writers, parts without floor
+WRITER_ID = re.compile(r"^w-[A-Za-z0-9]{1,60}$")
 HEADER = 12
 MAX_BODY = 64 << 20
 MAX_TIME = (1 << 64) - 1
@@ -35,6 +39,37 @@ class PartMeta:
     size: int
     crc32: int
     time_override: int | None = None  # every row's time (parts a Spark task wrote untimed)
+    floor: int = 0  # compaction advanced times below this to it (0: times are as written)
+    # The data columns' schema (base64 IPC) as uploaded: checked against the shard's at link
+    # time, never stored in the state (the shard holds one schema for all its parts).
+    schema: str | None = field(default=None, compare=False, repr=False)
+
+    def at_time(self, time: int) -> PartMeta:
+        """This (untimed) part with every row at ``time``: what a Spark sink commit links."""
+        return replace(self, lower=time, upper=time + 1, time_override=time)
+
+    @property
+    def writer_id(self) -> str | None:
+        """The writer the part was uploaded under (its key's directory), None for old keys."""
+        head, _, name = self.key.rpartition("/parts/")
+        writer, slash, _ = name.partition("/")
+        return writer if slash and head and WRITER_ID.match(writer) else None
+
+
+@dataclass(frozen=True)
+class WriterLease:
+    """A registered writer: parts uploaded under its id are never swept while it is here.
+
+    Dropped on any state change once ``now > heartbeat_ms + lease_ms``; a dropped writer can
+    never link again (ids are single-use), which is what lets the sweep delete its parts.
+    """
+
+    writer_id: str
+    heartbeat_ms: int
+    lease_ms: int
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms > self.heartbeat_ms + self.lease_ms
 
 
 @dataclass(frozen=True)
@@ -64,6 +99,7 @@ class ShardState:
     parts: tuple[PartMeta, ...] = ()
     leased: tuple[LeasedReader, ...] = ()
     critical: tuple[CriticalReader, ...] = ()
+    writers: tuple[WriterLease, ...] = ()
     schema: str | None = None  # base64 Arrow IPC schema of the data columns, fixed by 1st write
     op_id: str = ""  # unique per version: makes every version's bytes distinct
     written_ms: int = 0
@@ -76,6 +112,12 @@ class ShardState:
         since = max(self.since, min(sinces)) if sinces else self.since
         return replace(self, leased=leased, critical=critical, since=since)
 
+    def writer(self, writer_id: str) -> WriterLease | None:
+        for w in self.writers:
+            if w.writer_id == writer_id:
+                return w
+        return None
+
     def reader(self, reader_id: str) -> LeasedReader | CriticalReader | None:
         for r in (*self.leased, *self.critical):
             if r.reader_id == reader_id:
@@ -86,9 +128,10 @@ class ShardState:
 def encode_state(state: ShardState) -> bytes:
     body = json.dumps({
         "shard": state.shard, "since": state.since, "upper": state.upper,
-        "parts": [[p.key, p.lower, p.upper, p.rows, p.size, p.crc32, p.time_override]
+        "parts": [[p.key, p.lower, p.upper, p.rows, p.size, p.crc32, p.time_override, p.floor]
                   for p in state.parts],
         "leased": [[r.reader_id, r.since, r.heartbeat_ms, r.lease_ms] for r in state.leased],
+        "writers": [[w.writer_id, w.heartbeat_ms, w.lease_ms] for w in state.writers],
         "critical": [[r.reader_id, r.since, r.token] for r in state.critical],
         "schema": state.schema, "op_id": state.op_id, "written_ms": state.written_ms,
     }, separators=(",", ":"), sort_keys=True).encode()
@@ -102,7 +145,7 @@ def decode_state(data: bytes, *, key: str | None = None, seqno: int = 0) -> Shar
     if bytes(r.take(4, "magic")) != MAGIC:
         raise FormatError(key, 0, "bad magic, expected HRPS")
     version = r.u16("format version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise FormatError(key, 4, f"unsupported state format version {version}")
     if r.u16("flags") != 0:
         raise FormatError(key, 6, "unknown flags")
@@ -118,7 +161,9 @@ def decode_state(data: bytes, *, key: str | None = None, seqno: int = 0) -> Shar
         obj = json.loads(bytes(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(key, HEADER, f"state body is not JSON: {e}") from None
-    return _state_from_json(obj, key, seqno)
+    except RecursionError:  # hostile nesting: the parser gives up before the stack does
+        raise FormatError(key, HEADER, "state body is nested too deeply") from None
+    return _state_from_json(obj, key, seqno, version)
 
 
 class _V:
@@ -149,17 +194,18 @@ class _V:
         return v
 
 
-def _state_from_json(obj, key: str | None, seqno: int) -> ShardState:
+def _state_from_json(obj, key: str | None, seqno: int, version: int) -> ShardState:
     v = _V(key)
     if not isinstance(obj, dict):
         v.fail("$", "expected an object")
     expected = {"shard", "since", "upper", "parts", "leased", "critical", "schema", "op_id",
-                "written_ms"}
+                "written_ms"} | ({"writers"} if version >= 2 else set())
     if set(obj) != expected:
         v.fail("$", f"keys {sorted(obj)} != {sorted(expected)}")
     parts = []
+    width = 8 if version >= 2 else 7
     for i, p in enumerate(v.list_(obj["parts"], "parts")):
-        p = v.list_(p, f"parts[{i}]", 7)
+        p = v.list_(p, f"parts[{i}]", width)
         pkey = v.str_(p[0], f"parts[{i}].key", 1024)
         try:
             validate_key(pkey)
@@ -171,7 +217,8 @@ def _state_from_json(obj, key: str | None, seqno: int) -> ShardState:
         parts.append(PartMeta(pkey, lower, upper, v.int_(p[3], f"parts[{i}].rows"),
                               v.int_(p[4], f"parts[{i}].size"),
                               v.int_(p[5], f"parts[{i}].crc32", 0, 0xFFFFFFFF),
-                              v.opt_int(p[6], f"parts[{i}].time_override")))
+                              v.opt_int(p[6], f"parts[{i}].time_override"),
+                              v.int_(p[7], f"parts[{i}].floor") if width == 8 else 0))
     leased = []
     for i, x in enumerate(v.list_(obj["leased"], "leased")):
         x = v.list_(x, f"leased[{i}]", 4)
@@ -185,12 +232,21 @@ def _state_from_json(obj, key: str | None, seqno: int) -> ShardState:
         critical.append(CriticalReader(v.str_(x[0], f"critical[{i}].id", 200),
                                        v.int_(x[1], f"critical[{i}].since"),
                                        v.str_(x[2], f"critical[{i}].token")))
+    writers = []
+    for i, x in enumerate(v.list_(obj.get("writers", []), "writers")):
+        x = v.list_(x, f"writers[{i}]", 3)
+        wid = v.str_(x[0], f"writers[{i}].id", 64)
+        if not WRITER_ID.match(wid):
+            v.fail(f"writers[{i}].id", f"{wid!r} is not a writer id")
+        writers.append(WriterLease(wid, v.int_(x[1], f"writers[{i}].heartbeat_ms"),
+                                   v.int_(x[2], f"writers[{i}].lease_ms")))
     schema = obj["schema"]
     if schema is not None:
         v.str_(schema, "schema", 1 << 20)
     return ShardState(
         shard=v.str_(obj["shard"], "shard", 200), seqno=v.int_(seqno, "seqno", 0, MAX_SEQNO),
         since=v.int_(obj["since"], "since"), upper=v.opt_int(obj["upper"], "upper"),
-        parts=tuple(parts), leased=tuple(leased), critical=tuple(critical), schema=schema,
+        parts=tuple(parts), leased=tuple(leased), critical=tuple(critical),
+        writers=tuple(writers), schema=schema,
         op_id=v.str_(obj["op_id"], "op_id", 64),
         written_ms=v.int_(obj["written_ms"], "written_ms"))
