@@ -1,0 +1,143 @@
+"""What every command shares: opening a store without creating it, "not found" errors that name
+the missing thing, tables that are not cut when piped, and JSON output.
+
+Read commands open their store with :func:`open_existing_store`: ``LocalStore`` creates its
+folder when constructed, so a mistyped path must be caught before it is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import click
+from rich.console import Console
+
+from headrace.errors import NotFound
+from headrace.store import ObjectStore, open_store
+from headrace.store.url import redact_url
+
+# Wide enough for any key or value we print; rich sizes a table to its content, not to this.
+PIPE_WIDTH = 100_000
+
+
+class Missing(NotFound):
+    """A store, queue, stream, shard, checkpoint or snapshot that does not exist (exit 2).
+
+    ``what`` says which kind of thing, ``name`` which one, ``where`` in which store; ``hint``
+    is the next step shown after the message."""
+
+    def __init__(self, what: str, name: str, where: str | None = None, *,
+                 hint: str | None = None, detail: str | None = None):
+        super().__init__(name)
+        self.what = what
+        self.name = name
+        self.where = where
+        self.hint = hint
+        self.detail = detail
+
+    def __str__(self) -> str:
+        out = f"no {self.what} {self.name!r}"
+        if self.where:
+            out += f" in {self.where}"
+        if self.detail:
+            out += f": {self.detail}"
+        return out
+
+
+def local_path(url: str) -> Path | None:
+    """The folder a local store URL names (as ``open_store`` reads it), None for other schemes."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None  # open_store reports the malformed URL
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        return Path(unquote(parts.path))
+    if scheme == "":
+        return Path(url)
+    return None
+
+
+def _holds_objects(folder: Path) -> bool:
+    """True at the first object found (LocalStore hides ``.hr*`` entries: locks, temp files)."""
+    stack = [folder]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name.startswith(".hr"):
+                continue
+            if entry.is_file(follow_symlinks=False):
+                return True
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+    return False
+
+
+_NO_STORE_HINT = ("check the URL; a store is created by its first write (a producer, a pipeline, "
+                  "a backup)")
+
+
+def open_existing_store(url: str) -> ObjectStore:
+    """Open the store at ``url`` for reading; a store that does not exist, or holds no object at
+    all (the same thing on S3), is :class:`Missing` and nothing is created."""
+    path = local_path(url)
+    if path is not None:
+        if not path.exists():
+            raise Missing("store", str(path), hint=_NO_STORE_HINT)
+        if not path.is_dir():
+            raise Missing("store", str(path), detail="it is a file, not a folder",
+                          hint="a local store is a folder")
+        if not _holds_objects(path):
+            raise Missing("store", str(path), detail="the folder holds no object",
+                          hint=_NO_STORE_HINT)
+        return open_store(url)
+    store = open_store(url)
+    if next(iter(store.list("")), None) is None:
+        raise Missing("store", redact_url(url), detail="nothing is stored under it",
+                      hint=_NO_STORE_HINT)
+    return store
+
+
+def snapshot_without_lease(client, shard: str, as_of: int):
+    """The consolidated contents of ``shard`` at ``as_of``, read without writing anything.
+
+    ``PersistClient.read_only`` takes a lease for each read (two compare-and-sets on the
+    shard), which a read command must not do. This read is optimistic instead: fetch the state,
+    read its parts (``read_range`` refetches if compaction swept one meanwhile), then check that
+    since did not pass ``as_of`` while reading, as the leased read does after its fetch."""
+    from headrace.persist import SinceViolation
+    from headrace.persist.parts import consolidate
+
+    state = client.state(shard)
+    if as_of < state.since:
+        raise SinceViolation(shard, as_of, state.since, "compacted: read at since or later")
+    updates, _ = client.read_range(state, 0, as_of + 1)
+    since = client.state(shard).since
+    if as_of < since:
+        raise SinceViolation(shard, as_of, since, "compacted while it was read; read again")
+    return consolidate(updates, keep_time=False)
+
+
+def out_console() -> Console:
+    """Console for stdout: full width when piped (rich would otherwise cut tables at 80)."""
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+def err_console() -> Console:
+    """Console for progress and notes: stderr, so stdout stays clean for tables and JSON."""
+    return Console(stderr=True)
+
+
+def echo_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON on stdout instead of tables.")

@@ -1,0 +1,85 @@
+"""Fixtures of the newcomer suite: stores populated through the libraries' own APIs (a queue,
+reservoir streams, shards, a pipeline's progress shard and state stream, a backup, a spine
+directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from newcomer_lib import LONG_SHARD
+
+
+def _populate(root: Path, spine_dir: Path, backup_src: Path) -> None:
+    from headrace.backup import BackupManager
+    from headrace.buffer import Producer, ProducerConfig
+    from headrace.persist import PersistClient, make_updates
+    from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress
+    from headrace.reservoir import ReservoirStorage
+    from headrace.spine import Batch, Circuit, SpineConfig
+    from headrace.store import LocalStore
+
+    url = str(root)
+    with Producer(ProducerConfig(url=url, flush_size_bytes=1)) as p:  # one batch per produce
+        for i in range(3):
+            p.produce([b'{"table":"orders","order_id":%d}' % i]).watcher.await_durable(timeout=10)
+    store = LocalStore(root, fsync=False)
+    with ReservoirStorage.open(store, stream="sales.state") as st:  # the pipeline's state
+        for v in range(2):
+            s = st.session()
+            s.write(v, b"state %d" % v)
+            s.commit()
+            st.checkpoint()
+    client = PersistClient(store, auto_compact_at=None)
+    w = client.open_writer("orders")
+    for t in range(3):
+        w.compare_and_append(make_updates({"k": [f"a{t}", f"b{t}"]}, [t, t]), t, t + 1)
+    client.open_writer(LONG_SHARD).compare_and_append(make_updates({"k": ["x"]}, [0]), 0, 1)
+    # pipeline "sales": two committed micro-batches, the second consumed through sequence 1
+    old: dict[str, int] = {}
+    for t, (seq, version) in enumerate([(0, 1), (1, 2)]):
+        new = {"ingest": seq, STATE_KEY: version, f"{GRAPH_KEY}:f00d": 0}
+        commit_progress(client, "sales.progress", t, old, new)
+        old = new
+    client.close()
+    (backup_src / "sub").mkdir(parents=True)
+    (backup_src / "a.sst").write_bytes(b"a" * 1000)
+    (backup_src / "sub" / "b.log").write_bytes(b"b" * 10)
+    with BackupManager(store, prefix="backup") as bm:
+        bm.cleanup(bm.upload(backup_src, "ck-1"))
+    cfg = SpineConfig(background_merge=False, memory_budget_bytes=0)
+    with Circuit.open(spine_dir, "newcomer", config=cfg) as c:
+        sp = c.spine("counts", pa.int64(), pa.int64())
+        sp.insert(Batch.from_arrow(pa.table({"key": np.arange(10, dtype=np.int64),
+                                             "val": np.zeros(10, dtype=np.int64),
+                                             "w": np.ones(10, dtype=np.int64)})))
+        c.commit(step=1)
+
+
+@pytest.fixture(scope="session")
+def populated(tmp_path_factory) -> dict[str, Path]:
+    """A store root with one of everything, plus a spine directory. Tests only read it."""
+    base = tmp_path_factory.mktemp("newcomer")
+    paths = {"root": base / "root", "spine": base / "spine", "src": base / "src"}
+    _populate(paths["root"], paths["spine"], paths["src"])
+    return paths
+
+
+@pytest.fixture(scope="session")
+def many_parts(tmp_path_factory) -> Path:
+    """A shard of 16 Parquet parts: enough for `shard verify`'s reads to leave pyarrow's thread
+    pool busy at exit, which aborted about half the runs before the clean exit."""
+    from headrace.persist import PersistClient, make_updates
+
+    root = tmp_path_factory.mktemp("parts")
+    client = PersistClient(str(root), auto_compact_at=None)
+    w = client.open_writer("big")
+    rows = 2000
+    for t in range(16):
+        w.compare_and_append(make_updates({"k": np.arange(rows) + t * rows,
+                                           "s": [f"v{i}" for i in range(rows)]}, [t] * rows),
+                             t, t + 1)
+    client.close()
+    return root

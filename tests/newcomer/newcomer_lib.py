@@ -1,0 +1,31 @@
+"""Helpers of the newcomer suite: the installed `headrace` command run as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HEADRACE = str(Path(sys.executable).with_name("headrace"))  # .venv/bin/headrace
+LONG_SHARD = "a-shard-with-a-name-long-enough-that-an-80-column-table-would-cut-or-wrap-it-" \
+             "0123456789-0123456789"
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """One `headrace` process with stdout and stderr captured (so neither is a terminal)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return subprocess.run([HEADRACE, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def run_all(argvs: list[list[str]], workers: int = 3) -> list[subprocess.CompletedProcess]:
+    """Several processes at once: each spends most of its second importing."""
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda a: run(*a), argvs))
+
+
+def tree(root: Path) -> set[str]:
+    """Every file and folder under root (hidden ones too): what a command may not add to."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
