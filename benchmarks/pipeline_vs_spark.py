@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import parse_args, report, scratch_dir  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb, write_input  # noqa: E402
 
+from headrace.pipeline.runner import Pipeline  # noqa: E402
 from headrace.spark.demo import produce  # noqa: E402
-from headrace.spark.pipeline import Pipeline  # noqa: E402
 from headrace.store import FaultyStore, open_store  # noqa: E402
 
 

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headrace.errors import NotFound
-from headrace.spark.kernels import ZSET_SCHEMA, DistinctKernel, W
+from headrace.pipeline.names import W
+from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.operators.distinct import DistinctKernel
 from headrace.spark.local_state import LocalBackupBucketState, finalize
-from headrace.spark.state import BucketState
 from headrace.spine.errors import StorageLocked
 from headrace.store import CountingStore, open_store, payload_size
 
@@ -68,12 +69,15 @@ def url(request, tmp_path) -> str:
 
 def zs(rows) -> pa.Table:
     keys, vals, ws = zip(*rows, strict=True) if rows else ((), (), ())
-    return pa.Table.from_arrays([pa.array(keys, pa.string()), pa.array(vals, pa.string()),
+    return pa.Table.from_arrays([pa.array([k.encode() for k in keys], pa.binary()),
+                                 pa.array([v.encode() for v in vals], pa.binary()),
                                  pa.array(ws, pa.int64())], schema=ZSET_SCHEMA)
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
-    return sorted(zip(*(table[c].to_pylist() for c in ("key", "val", "w")), strict=True))
+    """(key, val, w) with keys and values read back as text (the tests write text)."""
+    return sorted((bytes(k).decode(), bytes(v).decode(), w) for k, v, w in
+                  zip(*(table[c].to_pylist() for c in ("key", "val", "w")), strict=True))
 
 
 def open_state(root, store, expected, **kw) -> LocalBackupBucketState:
@@ -227,28 +231,54 @@ def test_finalize_is_idempotent_and_drops_the_previous_snapshot(tmp_path):
         open_state(tmp_path / "fresh2", store, idx1)
 
 
+class DictZSet:
+    """An in-memory StateSpine: {key: {val: w}}."""
+
+    def __init__(self):
+        self.rows: dict[bytes, dict[bytes, int]] = {}
+
+    def lookup_many(self, keys: pa.Array) -> pa.Table:
+        out = [(k, v, w) for k in dict.fromkeys(keys.to_pylist())
+               for v, w in self.rows.get(k, {}).items() if w]
+        return zs_bytes(out)
+
+    def insert_updates(self, updates: pa.Table) -> None:
+        for k, v, w in zip(*(updates[c].to_pylist() for c in ("key", "val", "w")), strict=True):
+            vals = self.rows.setdefault(k, {})
+            vals[v] = vals.get(v, 0) + w
+
+
+def zs_bytes(rows) -> pa.Table:
+    keys, vals, ws = zip(*rows, strict=True) if rows else ((), (), ())
+    return pa.Table.from_arrays([pa.array(keys, pa.binary()), pa.array(vals, pa.binary()),
+                                 pa.array(ws, pa.int64())], schema=ZSET_SCHEMA)
+
+
 def test_kernel_over_local_backup_state_matches_bucket_state(tmp_path):
-    """DistinctKernel through commits and reopens (alternating hosts) equals it over the
-    in-memory BucketState."""
+    """DistinctKernel through commits and reopens (alternating hosts) equals it over an
+    in-memory dict Z-set."""
     store = open_store(str(tmp_path / "store"))
     schema = pa.schema([("x", pa.string())])
     kernel = DistinctKernel(schema)
-    ref = BucketState(None, 2, 1, 7)
+    ref = DictZSet()
     idx = None
     steps = [(["a", "b", "a"], [1, 1, 1]), (["a", "c"], [-1, 1]), (["a", "b"], [-1, -1]),
              (["d"], [2]), (["c", "d"], [-1, -1])]
     for n, (xs, ws) in enumerate(steps):
         delta = pa.table({"x": pa.array(xs, pa.string()), W: pa.array(ws, pa.int64())})
         s = open_state(tmp_path / f"host{n % 2}", store, idx)
-        got = kernel.apply(delta, s)
-        want = kernel.apply(delta, ref)
+        got = kernel.apply([delta], [s])
+        want = kernel.apply([delta], [ref])
         assert sorted(got.to_pylist(), key=str) == sorted(want.to_pylist(), key=str)
         new = s.commit(f"ck-{n}")
         if new is not None:
             finalize(store, PIPE, {KEY: new})
             idx = new
     with open_state(tmp_path / "host9", store, idx) as s:
-        assert rows_of(s.to_table()) == rows_of(ref.to_table())
+        want = [(k, v, w) for k, vals in ref.rows.items() for v, w in vals.items() if w]
+        assert sorted((bytes(k), bytes(v), w) for k, v, w in zip(
+            *(s.to_table()[c].to_pylist() for c in ("key", "val", "w")), strict=True)) \
+            == sorted(want)
 
 
 def test_stale_catalog_of_the_same_size_is_not_reused(tmp_path):
@@ -322,14 +352,14 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys
     import pyarrow as pa
     from headrace.backup import BackupManager
-    from headrace.spark.kernels import ZSET_SCHEMA
+    from headrace.pipeline.operators.base import ZSET_SCHEMA
     from headrace.spark.local_state import LocalBackupBucketState
     root, url, expected, point, out = sys.argv[1:6]
     if point == "before_upload":
         BackupManager.upload = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     s = LocalBackupBucketState(root, url, "pipe", 2, 1, 7, expected)
     s.insert_updates(pa.Table.from_arrays(
-        [pa.array(["b", "c"], pa.string()), pa.array(["2", "3"], pa.string()),
+        [pa.array([b"b", b"c"], pa.binary()), pa.array([b"2", b"3"], pa.binary()),
          pa.array([-1, 1], pa.int64())], schema=ZSET_SCHEMA))
     idx = s.commit("ck-2")
     with open(out, "w") as f:

@@ -17,7 +17,7 @@ def register(spark) -> None:
 
 def __getattr__(name: str):
     if name == "Pipeline":
-        from headrace.spark.pipeline import Pipeline
+        from headrace.pipeline.runner import Pipeline
 
         return Pipeline
     raise AttributeError(name)

@@ -63,6 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace.backup import (
     DEFAULT_IMMUTABLE_PATTERNS,
@@ -71,13 +72,14 @@ from headrace.backup import (
     RestoreManager,
 )
 from headrace.errors import InvalidInput
-from headrace.spark.state import SpineZSet
+from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.spine.batch import Batch
 from headrace.spine.circuit import Circuit
 from headrace.spine.errors import StorageLocked
-from headrace.spine.spine import SpineConfig
+from headrace.spine.spine import Spine, SpineConfig
 from headrace.store import ObjectStore, open_store
 
-FINGERPRINT = "headrace.spark.local_state/v1"
+FINGERPRINT = "headrace.spark.local_state/v2"  # v2: binary keys and values
 SPINE = "state"
 _BUCKET_KEY = re.compile(r"\Aop(\d+)-s(\d+)-b(\d+)\Z")
 _FINALIZE_WORKERS = 16
@@ -135,6 +137,35 @@ class _HostLock:
             os.close(fd)
 
 
+class SpineZSet:
+    """The kernels' view (StateSpine) of one bucket's spine; ``_new`` holds what this task
+    added."""
+
+    spine: Spine
+    _new: list
+
+    def lookup_many(self, keys: pa.Array) -> pa.Table:
+        keys = pc.cast(keys, pa.large_binary())
+        return self.spine.lookup_many(keys).cast(ZSET_SCHEMA)  # the spine keeps large_binary
+
+    def insert_updates(self, updates: pa.Table) -> None:
+        if updates.num_rows == 0:
+            return
+        batch = Batch.from_arrow(updates.cast(pa.schema([("key", pa.large_binary()),
+                                                         ("val", pa.large_binary()),
+                                                         ("w", pa.int64())])))
+        if len(batch):
+            self.spine.insert(batch)
+            self._new.append(batch)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._new)
+
+    def to_table(self) -> pa.Table:
+        return self.spine.to_table()
+
+
 class LocalBackupBucketState(SpineZSet):
     """The state of one (operator, side, bucket) in a local spine directory with backups.
 
@@ -170,7 +201,7 @@ class LocalBackupBucketState(SpineZSet):
                     self.restore_result = rm.restore(expected_index, self.path)
             self._circuit = Circuit.open(self.path, FINGERPRINT,
                                          config=SpineConfig(background_merge=False))
-            self.spine = self._circuit.spine(SPINE, pa.large_string(), pa.large_string())
+            self.spine = self._circuit.spine(SPINE, pa.large_binary(), pa.large_binary())
         except BaseException:
             self.close()
             raise

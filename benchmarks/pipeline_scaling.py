@@ -1,0 +1,298 @@
+"""Issue 13: the pipeline engine vs Spark + RocksDB at growing state, same run, same input.
+
+Workload (spark_baseline.write_input): a group-by over ``key`` (count, sum(amount)). Per state
+size n: the first micro-batch(es) touch every one of n keys, then fixed 100k-row deltas of
+uniformly random keys (quick: 20k-row deltas, see SIZES). headrace reads them from its ingest
+queue (one queue batch per micro-batch, JSON entries); Spark reads the same rows from Parquet
+files (one file per micro-batch) with RocksDBStateStoreProvider, changelog checkpointing on, at
+P=200 and at its best P (full: the fastest of 2, 4, 8, 16; quick: 8). Both engines are warmed
+up on a small run first (JIT and code generation favour whichever runs later); per-batch
+figures are medians of the steady batches (all but the first two after the initial load).
+
+Also measured, each in fresh processes:
+- driver peak RSS of a join that emits 2M rows per batch vs one that emits 20k (quick: 400k
+  vs 20k): the Python driver's ru_maxrss in a child that runs only the pipeline;
+- recovery: a child driver is SIGKILLed at the state checkpoint of a batch; a fresh child
+  restarts -> first batch committed (SparkSession start excluded), vs Spark's baseline measured
+  the same way (spark_baseline._measure_recovery).
+
+Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
+about an hour on 2 cores); quick: ``--quick`` (250k and 1M keys, < 6 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import parse_args, report, scratch_dir  # noqa: E402
+from pipeline_vs_spark import json_entries  # noqa: E402
+from spark_baseline import input_files, run_spark_rocksdb  # noqa: E402
+
+HERE = Path(__file__).resolve()
+STEADY = 5  # steady micro-batches measured per size (after two warm-up deltas)
+
+
+def _spark(partitions: int = 8):
+    from headrace.testing.spark import local_spark
+
+    return local_spark("headrace-scaling", master="local[2]", shuffle_partitions=partitions,
+                       extra={"spark.sql.adaptive.enabled": "false",
+                              "spark.driver.memory": "4g"})
+
+
+def _build(spark, root: str, ckpt: str, partitions: int, store=None):
+    from headrace.pipeline.runner import Pipeline
+
+    p = Pipeline(spark, root, name="bench", partitions=partitions, checkpoint_dir=ckpt,
+                 batches_per_trigger=1, store=store)
+    src = p.read_queue("ingest", {"events": "key long, amount long"})
+    agg = p.aggregate(src["events"], by=["key"], aggs={"n": "count", "total": "sum(amount)"},
+                      name="agg")
+    p.write_shard(agg, "totals")
+    return p
+
+
+def _state_objects(root: str) -> dict[str, int]:
+    from headrace.store import open_store
+
+    return {m.key: m.size for m in open_store(root).list("bench.state/")}
+
+
+def _produce_files(root: str, files: list[Path]) -> None:
+    from headrace.spark.demo import produce
+
+    for f in files:
+        produce(root, json_entries(f), chunk=1 << 30)
+
+
+def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
+    root = str(work / "store")
+    _produce_files(root, files)
+    p = _build(spark, root, str(work / "ckpt"), partitions)
+    per_batch = []
+    seen = {"objs": _state_objects(root), "puts": 0, "task_puts": 0}
+
+    def on_batch(info):
+        objs = _state_objects(root)
+        new = {k: v for k, v in objs.items() if k not in seen["objs"]}
+        gone = [k for k in seen["objs"] if k not in objs]
+        puts = p.store.counts()["puts"]
+        per_batch.append({"seconds": info["seconds"], "state_objects": len(new),
+                          "state_bytes": sum(new.values()), "deleted": len(gone),
+                          "puts": puts - seen["puts"] + p.metrics["task_puts"]
+                          - seen["task_puts"]})
+        seen.update(objs=objs, puts=puts, task_puts=p.metrics["task_puts"])
+
+    p.on_batch = on_batch
+    p.run(until_idle=True)
+    steady = per_batch[3:] or per_batch[1:]
+    return {
+        "batches": len(per_batch),
+        "batch_s_p50": statistics.median(b["seconds"] for b in steady),
+        "state_bytes_per_batch": statistics.mean(b["state_bytes"] for b in steady),
+        "puts_per_batch": statistics.mean(b["puts"] for b in steady),
+        "puts_per_batch_max": max(b["puts"] for b in steady),
+        "state_objects_total": len(seen["objs"]),
+        "state_bytes_total": sum(seen["objs"].values()),
+        "driver_inline_bytes_max": p.metrics["driver_inline_output_bytes_max"],
+    }
+
+
+def spark_run(spark, input_dir: Path, work: Path, partitions: int) -> dict:
+    r = run_spark_rocksdb(spark, input_dir, work, partitions=partitions, changelog=True,
+                          recovery=False)
+    steady = r["_batches"][3:] or r["_batches"][1:]
+    return {"batch_s_p50": statistics.median(b["batch_s"] for b in steady),
+            "bytes_per_batch": statistics.median(b["checkpoint_bytes"] for b in steady),
+            "state_bytes_per_batch": statistics.median(b["state_bytes"] for b in steady)}
+
+
+def _inputs(work: Path, n_keys: int, delta: int, tag: str) -> Path:
+    d = work / f"input-{tag}"
+    _write_loads(d, n_keys, min(n_keys, 1_000_000), delta)
+    return d
+
+
+def _write_loads(d: Path, n_keys: int, load: int, delta: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    perm = rng.permutation(n_keys).astype(np.int64)
+    b = 0
+    for lo in range(0, n_keys, load):
+        keys = perm[lo:lo + load]
+        pq.write_table(pa.table({"key": keys, "amount": rng.integers(1, 1001, len(keys))}),
+                       d / f"batch-{b:05d}.parquet")
+        b += 1
+    for _ in range(2 + STEADY):
+        keys = rng.integers(0, n_keys, delta, dtype=np.int64)
+        pq.write_table(pa.table({"key": keys, "amount": rng.integers(1, 1001, delta)}),
+                       d / f"batch-{b:05d}.parquet")
+        b += 1
+
+
+# ------------------------------------------------------------------------- child processes
+
+def _child(argv: list[str]) -> None:
+    """Child modes: ``rss ROOT`` (run a join pipeline, print peak RSS), ``crash ROOT`` (run until
+    SIGKILLed at a state checkpoint), ``recover ROOT`` (time to the first committed batch)."""
+    mode, root, ckpt, partitions = argv[0], argv[1], argv[2], int(argv[3])
+    t_spawn = float(argv[4])
+    spark = _spark(partitions)
+    t_session = time.time()
+    if mode == "rss":
+        from headrace.pipeline.runner import Pipeline
+
+        p = Pipeline(spark, root, name="join", partitions=partitions, checkpoint_dir=ckpt,
+                     batches_per_trigger=1)
+        src = p.read_queue("ingest", {"orders": "order_id long, cid long, amount long",
+                                      "customers": "cid long, region string"})
+        j = p.join(src["orders"], src["customers"], on=["cid"], name="enriched")
+        p.write_shard(j, "enriched")
+        p.run(until_idle=True)
+        out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "batches": p.metrics["batches"],
+               "inline_bytes_max": p.metrics["driver_inline_output_bytes_max"]}
+    elif mode == "crash":
+        from headrace.store import FaultyStore, open_store
+
+        class KillAtCheckpoint(FaultyStore):
+            def put(self, key, data, mode=None, **kw):
+                if key.startswith("bench.state/") and committed["n"] >= 1:
+                    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 mid commit protocol
+                return super().put(key, data, mode, **kw) if mode is not None else \
+                    super().put(key, data, **kw)
+
+        committed = {"n": 0}
+        p = _build(spark, root, ckpt, partitions, store=KillAtCheckpoint(open_store(root)))
+        p.on_batch = lambda info: committed.__setitem__("n", committed["n"] + 1)
+        p.run(until_idle=True)
+        out = {"error": "not killed"}
+    else:
+        p = _build(spark, root, ckpt, partitions)
+        done = {}
+        p.on_batch = lambda info: done.setdefault("t", time.time())
+        p.run(until_idle=True, max_runs=1)
+        out = {"recovery_s": done["t"] - t_session, "session_s": t_session - t_spawn}
+    print("RESULT " + json.dumps(out), flush=True)
+    spark.stop()
+
+
+def _spawn(args: list[str], timeout_s: float = 900) -> dict:
+    proc = subprocess.run([sys.executable, str(HERE), "--child", *args, str(time.time())],
+                          capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"returncode": proc.returncode, "stderr": proc.stderr[-2000:]}
+
+
+def driver_rss(work: Path, rows: int, partitions: int) -> dict:
+    """Peak RSS of a fresh driver running a join that emits ``rows`` rows in one batch."""
+    import numpy as np
+
+    from headrace.spark.demo import produce
+
+    root = str(work / f"rss-{rows}" / "store")
+    customers = [json.dumps({"table": "customers", "cid": c, "region": f"r{c % 7}"}).encode()
+                 for c in range(1000)]
+    produce(root, customers, chunk=1 << 30)
+    cid = np.random.default_rng(1).integers(0, 1000, rows)
+    orders = [b'{"table":"orders","order_id":%d,"cid":%d,"amount":%d}' % (i, c, i % 97)
+              for i, c in enumerate(cid.tolist())]
+    produce(root, orders, chunk=1 << 30)
+    del orders
+    return _spawn(["rss", root, str(work / f"rss-{rows}" / "ckpt"), str(partitions)])
+
+
+def headrace_recovery(files: list[Path], work: Path, partitions: int) -> dict:
+    root = str(work / "recovery" / "store")
+    ckpt = str(work / "recovery" / "ckpt")
+    _produce_files(root, files[:3])
+    crash = _spawn(["crash", root, ckpt, str(partitions)])
+    rec = _spawn(["recover", root, ckpt, str(partitions)])
+    return {"crash": crash, **rec}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2:])
+        return
+    args = parse_args(__doc__.splitlines()[0])
+    sizes = [250_000, 1_000_000] if args.quick else [1_000_000, 4_000_000, 16_000_000]
+    delta = 20_000 if args.quick else 100_000
+    ps = [8] if args.quick else [2, 4, 8, 16]
+    hp = 4  # headrace tasks per stage (2 x cores)
+    spark = _spark(8)
+    figures: dict = {"delta_rows": delta, "headrace_partitions": hp}
+    with scratch_dir("pipeline_scaling") as work:
+        warm = _inputs(work, 20_000, 5_000, "warm")
+        run_headrace(spark, input_files(warm), work / "warm-h", hp)
+        spark_run(spark, warm, work / "warm-s", 8)
+        h_by, s_by = {}, {}
+        for n in sizes:
+            inp = _inputs(work, n, delta, str(n))
+            h_by[n] = run_headrace(spark, input_files(inp), work / f"h-{n}", hp)
+            s_by[n] = {p: spark_run(spark, inp, work / f"s-{n}-{p}", p) for p in [*ps, 200]}
+            best = min(ps, key=lambda p: s_by[n][p]["batch_s_p50"])
+            figures.update({
+                f"n{n}_batch_s_headrace": h_by[n]["batch_s_p50"],
+                f"n{n}_batch_s_spark_best_p": s_by[n][best]["batch_s_p50"],
+                f"n{n}_spark_best_p": best,
+                f"n{n}_batch_s_spark_p200": s_by[n][200]["batch_s_p50"],
+                f"n{n}_state_bytes_per_batch_headrace": h_by[n]["state_bytes_per_batch"],
+                f"n{n}_state_bytes_per_batch_spark_best_p": s_by[n][best]["bytes_per_batch"],
+                f"n{n}_puts_per_batch_headrace": h_by[n]["puts_per_batch"],
+                f"n{n}_state_bytes_total_headrace": h_by[n]["state_bytes_total"],
+            })
+            print(json.dumps({k: v for k, v in figures.items() if k.startswith(f"n{n}_")}),
+                  flush=True)
+        big, small = sizes[-1], sizes[0]
+        best = figures[f"n{big}_spark_best_p"]
+        figures["batch_s_ratio_vs_spark_best_p"] = (h_by[big]["batch_s_p50"]
+                                                    / s_by[big][best]["batch_s_p50"])
+        figures["batch_s_ratio_vs_spark_p200"] = (h_by[big]["batch_s_p50"]
+                                                  / s_by[big][200]["batch_s_p50"])
+        figures["batch_s_growth"] = h_by[big]["batch_s_p50"] / h_by[small]["batch_s_p50"]
+        figures["state_bytes_ratio_vs_spark_changelog"] = (
+            h_by[big]["state_bytes_per_batch"] / max(s_by[big][best]["bytes_per_batch"], 1))
+        figures["puts_per_batch_headrace"] = max(h["puts_per_batch_max"] for h in h_by.values())
+        spark.stop()
+        rows_big = 400_000 if args.quick else 2_000_000
+        r_small = driver_rss(work, 20_000, hp)
+        r_big = driver_rss(work, rows_big, hp)
+        figures["driver_peak_rss_mib_20k"] = r_small.get("peak_rss_mib", -1)
+        figures[f"driver_peak_rss_mib_{rows_big // 1000}k"] = r_big.get("peak_rss_mib", -1)
+        figures["driver_peak_rss_growth"] = (r_big.get("peak_rss_mib", -1)
+                                             / max(r_small.get("peak_rss_mib", 1), 1))
+        figures["driver_rss_join_rows_big"] = rows_big
+        inp = _inputs(work, sizes[0], delta, "rec")
+        rec = headrace_recovery(input_files(inp), work, hp)
+        figures["recovery_s_headrace"] = rec.get("recovery_s", -1)
+        spark = _spark(best)
+        sdir = work / "s-rec"
+        srun = run_spark_rocksdb(spark, inp, sdir, partitions=best, changelog=True,
+                                 recovery=True)
+        figures["recovery_s_spark_best_p"] = srun["recovery_s"]
+        figures["recovery_ratio_vs_spark_best_p"] = (figures["recovery_s_headrace"]
+                                                     / srun["recovery_s"])
+        spark.stop()
+    report("pipeline_scaling", figures, args, {})
+
+
+if __name__ == "__main__":
+    main()

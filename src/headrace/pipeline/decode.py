@@ -1,0 +1,149 @@
+"""Queue entries -> typed rows per table, with every bad entry caught, never coerced.
+
+An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w`` defaults
+to 1). It is *bad* when it is larger than ``max_entry_bytes``, not a JSON object, names no known
+table, lacks one of its table's columns, holds a value of the wrong type (Spark's JSON parser
+flags it: the value is never turned into NULL silently), or has a weight that is 0 or not an
+integer. Good rows flow to the operators; bad ones go to :func:`bad_entries_task`, which names
+why (a Python look at each bad entry: they are the exception, not the bulk) and either reports
+them (``on_bad_entry="fail"``: the batch stops before anything is committed, the error names
+queue sequence, entry index, table and field) or writes them to the pipeline's dead-letter
+shard (``"dead_letter"``: raw entry, reason, position; counted in the batch metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from functools import reduce
+
+import numpy as np
+import pyarrow as pa
+
+from headrace.pipeline.names import PREFIX, W
+from headrace.pipeline.plan import SourceTable, spark_ddl
+
+TABLE = f"{PREFIX}table"
+CORRUPT = f"{PREFIX}corrupt"
+MAX_ENTRY_BYTES = 1 << 20
+DEAD_LETTER_SCHEMA = pa.schema([("sequence", pa.int64()), ("index", pa.int32()),
+                                ("table", pa.string()), ("field", pa.string()),
+                                ("reason", pa.string()), ("entry", pa.binary())])
+BAD_INPUT_DDL = "sequence long, index int, entry binary"
+_EXAMPLES = 5  # bad entries described in full per task (fail mode)
+
+
+def decode(entries_df, sources: list[SourceTable], max_entry_bytes: int = MAX_ENTRY_BYTES):
+    """(frames: {source name: DataFrame of its columns + W}, bad: DataFrame of bad entries).
+
+    ``entries_df`` has (sequence, index, entry) and should be persisted by the caller: every
+    table's branch and the bad-entry branch read it."""
+    from pyspark.sql import functions as F
+
+    text = F.col("entry").cast("string")
+    tagged = entries_df.withColumn(TABLE, F.get_json_object(text, "$.table"))
+    too_big = F.length(F.col("entry")) > F.lit(max_entry_bytes)
+    known = [s.table for s in sources]
+    frames, bad = {}, []
+    bad.append(tagged.filter(too_big | F.col(TABLE).isNull() | ~F.col(TABLE).isin(known)))
+    for node in sources:
+        ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
+        rows = tagged.filter(~too_big & (F.col(TABLE) == F.lit(node.table)))
+        parsed = rows.select("sequence", "index", "entry", F.from_json(
+            text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"),
+            F.json_object_keys(text).alias("keys"))
+        present = [F.array_contains(F.col("keys"), F.lit(c)) for c in node.schema.names]
+        ok = F.col(f"r.`{CORRUPT}`").isNull() & (F.coalesce(F.col("r.w"), F.lit(1)) != F.lit(0))
+        for p in present:
+            ok = ok & p
+        frames[node.name] = parsed.filter(ok).select(
+            *[F.col(f"r.`{c}`").alias(c) for c in node.schema.names],
+            F.coalesce(F.col("r.w"), F.lit(1)).cast("long").alias(W))
+        bad.append(parsed.filter(~ok).select("sequence", "index", "entry"))
+    bad[0] = bad[0].select("sequence", "index", "entry")
+    return frames, reduce(lambda a, b: a.union(b), bad)
+
+
+def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:
+    """(table, field, reason) of one bad entry: why the decoder refused it."""
+    if len(entry) > max_entry_bytes:
+        return None, None, f"entry of {len(entry)} bytes is larger than {max_entry_bytes}"
+    try:
+        obj = json.loads(entry)
+    except (ValueError, RecursionError) as e:
+        return None, None, f"not JSON: {str(e)[:120]}"
+    if not isinstance(obj, dict):
+        return None, None, f"not a JSON object but a {type(obj).__name__}"
+    table = obj.get("table")
+    if not isinstance(table, str) or table not in tables:
+        return (table if isinstance(table, str) else None, "table",
+                f"unknown table {table!r}; the pipeline reads {sorted(tables)}")
+    w = obj.get("w", 1)
+    if isinstance(w, bool) or not isinstance(w, int) or w == 0 or not -2**63 <= w < 2**63:
+        return table, "w", f"weight {w!r} is not a non-zero 64-bit integer"
+    for f in tables[table]:
+        if f.name not in obj:
+            return table, f.name, f"missing column {f.name!r} ({f.type})"
+        if not _fits(obj[f.name], f.type):
+            return table, f.name, f"value {str(obj[f.name])[:60]!r} is not a {f.type}"
+    return table, None, "refused by Spark's JSON parser"
+
+
+def _fits(v, t: pa.DataType) -> bool:
+    if v is None:
+        return True
+    if pa.types.is_integer(t):
+        bits = t.bit_width
+        return (isinstance(v, int) and not isinstance(v, bool)
+                and -2**(bits - 1) <= v < 2**(bits - 1))
+    if pa.types.is_floating(t):
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    if pa.types.is_boolean(t):
+        return isinstance(v, bool)
+    return True  # strings: Spark keeps any JSON value's text
+
+
+def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: str | None,
+                     writer_id: str | None, url: str, persist_root: str, time: int,
+                     inline_max: int):
+    """mapInArrow function over bad entries: yields (KIND, PAYLOAD) control rows — ("bad",
+    summary) and, with a dead-letter shard, its part ("part"/"out", like an output)."""
+    from headrace.pipeline.tasks import schema_from_bytes, table_to_ipc
+
+    schemas = {t: schema_from_bytes(b) for t, b in tables.items()}
+
+    def fn(batches):
+        rows = pa.Table.from_batches(list(batches), schema=pa.schema(
+            [("sequence", pa.int64()), ("index", pa.int32()), ("entry", pa.binary())]))
+        if rows.num_rows == 0:
+            return
+        entries = rows["entry"].to_pylist()
+        described = [describe(e, schemas, max_entry_bytes) for e in entries]
+        seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
+        summary = {"count": rows.num_rows, "examples": [
+            {"sequence": s, "index": i, "table": d[0], "field": d[1], "reason": d[2]}
+            for s, i, d in list(zip(seqs, idx, described, strict=True))[:_EXAMPLES]]}
+        control = [("bad", pickle.dumps(summary))]
+        if dead_letter is not None:
+            n = rows.num_rows
+            part = pa.table({
+                "sequence": rows["sequence"], "index": rows["index"],
+                "table": pa.array([d[0] for d in described], pa.string()),
+                "field": pa.array([d[1] for d in described], pa.string()),
+                "reason": pa.array([d[2] for d in described], pa.string()),
+                "entry": rows["entry"],
+                "time": pa.array(np.full(n, time, np.uint64)),
+                "diff": pa.array(np.ones(n, np.int64))})
+            if part.nbytes <= inline_max:
+                control.append(("out", pickle.dumps((dead_letter, table_to_ipc(part)))))
+            else:
+                from headrace.pipeline.outputs import upload_task_part
+
+                meta = upload_task_part(url, dead_letter, writer_id, part, persist_root)
+                control.append(("part", pickle.dumps((dead_letter, meta))))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([k for k, _ in control], pa.string()),
+             pa.array([p for _, p in control], pa.binary())],
+            names=[f"{PREFIX}kind", f"{PREFIX}payload"])
+
+    return fn

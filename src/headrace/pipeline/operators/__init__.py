@@ -1,0 +1,52 @@
+"""Operator kernels. ``build(kind, input_schemas, params)`` makes the kernel of a plan node.
+
+Params are plain JSON-able values (they are part of the pipeline's fingerprint and travel to
+executors): aggregate ``{"by": [...], "aggs": {out: "count" | "count(col)" | "sum(col)" |
+"avg(col)" | "min(col)" | "max(col)" | "count_distinct(col)"}}``; join ``{"how": ..., "on": [...]}``
+or ``{"how": ..., "left_on": [...], "right_on": [...]}``; distinct ``{}``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+
+from headrace.errors import InvalidInput
+
+_AGG = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(\*|[^()]*?)\s*\))?\s*$", re.IGNORECASE)
+
+
+def parse_agg(name: str, text: str):
+    """'sum(amount)' -> Agg("sum", "amount", name); 'count' and 'count(*)' count rows."""
+    from headrace.pipeline.operators.aggregate import FUNCS, Agg
+
+    m = _AGG.match(text) if isinstance(text, str) else None
+    if not m or m.group(1).lower() not in FUNCS:
+        raise InvalidInput(f"aggregate {name!r}: {text!r} is not one of "
+                           f"{[f + '(col)' for f in FUNCS]} or 'count'")
+    func, col = m.group(1).lower(), m.group(2)
+    if col in (None, "", "*"):
+        if func != "count":
+            raise InvalidInput(f"aggregate {name!r}: {func} needs a column, as {func}(amount)")
+        col = None
+    return Agg(func, col.strip("`") if col else None, name)
+
+
+def build(kind: str, schemas: list[pa.Schema], params: dict):
+    if kind == "aggregate":
+        from headrace.pipeline.operators.aggregate import AggregateKernel
+
+        aggs = [parse_agg(n, t) for n, t in params["aggs"].items()]
+        return AggregateKernel(schemas[0], params["by"], aggs)
+    if kind == "join":
+        from headrace.pipeline.operators.join import JoinKernel
+
+        keys = ({"on": params["on"]} if "on" in params
+                else {"left_on": params["left_on"], "right_on": params["right_on"]})
+        return JoinKernel(schemas[0], schemas[1], params.get("how", "inner"), **keys)
+    if kind == "distinct":
+        from headrace.pipeline.operators.distinct import DistinctKernel
+
+        return DistinctKernel(schemas[0])
+    raise InvalidInput(f"unknown operator kind {kind!r}")

@@ -1,0 +1,60 @@
+"""The one interface every operator kernel implements (DBSP's incremental operator).
+
+A kernel is plain data + Arrow work: it takes, per input, the micro-batch's delta (the input's
+columns plus ``W``, a signed int64 weight), reads and updates its state through ``StateSpine``
+objects (one per state side, for the bucket being processed), and returns the output delta
+(its output columns plus ``W``). Kernels know nothing of Spark or of where state lives, so the
+conformance tests run them directly against an in-memory state and a batch oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+
+from headrace.errors import HeadraceError
+
+# a state row: key and val are opaque, binary-safe encodings (see pipeline.keys); w is the weight
+ZSET_SCHEMA = pa.schema([("key", pa.binary()), ("val", pa.binary()), ("w", pa.int64())])
+
+
+class ArithmeticOverflow(HeadraceError, ArithmeticError):
+    """A result does not fit its type (a long ``sum`` past int64), as Spark's ANSI mode raises.
+
+    Raised before the kernel writes any state, so the batch can fail without losing anything."""
+
+
+class StateSpine(Protocol):
+    """One bucket's Z-set of (key, val, w) rows."""
+
+    def lookup_many(self, keys: pa.Array) -> pa.Table:
+        """Rows (key, val, w) whose key is in ``keys`` (any order, repeats allowed),
+        consolidated (equal (key, val) summed), zero weights dropped. ZSET_SCHEMA."""
+
+    def insert_updates(self, updates: pa.Table) -> None:
+        """Add a Z-set delta (key, val, w) (ZSET_SCHEMA); it is visible to later lookups."""
+
+
+class Kernel(Protocol):
+    """An incremental operator over weighted changes."""
+
+    #: the output columns (Arrow types), without the weight
+    output_schema: pa.Schema
+    #: number of state spines per bucket (0 for a stateless kernel)
+    state_sides: int
+
+    def bucket_columns(self, input_index: int) -> list[str]:
+        """Columns of input ``input_index`` whose values route a row to its bucket: rows with
+        equal values must meet the same state. Empty = one global group (bucket 0)."""
+
+    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+        """One bucket's step: deltas (one per input; input columns + W) and states (one per
+        state side) in, the output delta (output columns + W) out. Must be exact under any
+        split of the input into micro-batches (the result at every time equals the batch
+        result over the net input so far).
+
+        A kernel that has output over empty input (a global aggregate: one row of count 0)
+        emits it on its first apply, so the runner applies such a kernel (``bucket_columns``
+        empty: bucket 0) on the first batch even when its deltas are empty. Raises
+        ArithmeticOverflow (state untouched) where Spark's ANSI mode raises."""

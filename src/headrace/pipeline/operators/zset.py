@@ -1,0 +1,80 @@
+"""Z-set helpers shared by the kernels: state rows, consolidation, dense group ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from headrace.errors import FormatError
+from headrace.pipeline.keys import RowCodec
+from headrace.pipeline.names import W
+from headrace.pipeline.operators.base import ZSET_SCHEMA
+
+
+def as_array(col) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def weights(delta: pa.Table) -> np.ndarray:
+    return np.asarray(as_array(pc.cast(delta[W], pa.int64())).to_numpy(zero_copy_only=False),
+                      np.int64)
+
+
+def zset(key, val, w) -> pa.Table:
+    """A state delta table (key, val, w)."""
+    return pa.Table.from_arrays([pc.cast(as_array(key), pa.binary()),
+                                 pc.cast(as_array(val), pa.binary()),
+                                 pa.array(np.asarray(w, np.int64), pa.int64())],
+                                schema=ZSET_SCHEMA)
+
+
+def consolidate(table: pa.Table, weight: str = "w") -> pa.Table:
+    """Sum the weights of equal rows and drop zero weights (all other columns binary)."""
+    if table.num_rows == 0:
+        return table
+    cols = [c for c in table.column_names if c != weight]
+    g = table.group_by(cols, use_threads=False).aggregate([(weight, "sum")])
+    g = g.rename_columns([weight if c == f"{weight}_sum" else c for c in g.column_names])
+    g = g.filter(pc.not_equal(g[weight], 0))
+    return g.select(table.column_names)
+
+
+def consolidate_rows(table: pa.Table, codec: RowCodec) -> pa.Table:
+    """Consolidate a delta of user rows (columns + W) exactly: equal bytes merge, -0.0 and 0.0
+    stay apart. The result is decoded back from the row encoding."""
+    if table.num_rows == 0:
+        return table.select(codec.columns + [W])
+    enc = codec.encode(table)
+    t = consolidate(pa.table({"r": enc, W: pc.cast(table[W], pa.int64())}), W)
+    rows = codec.decode(t["r"])
+    return rows.append_column(W, t[W])
+
+
+def dense_ids(keys: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(unique keys, for each input row the index of its key in the uniques)."""
+    keys = as_array(keys)
+    uniq = as_array(pc.unique(keys))
+    ids = as_array(pc.index_in(keys, value_set=uniq))
+    return uniq, np.asarray(ids.to_numpy(zero_copy_only=False), np.int64)
+
+
+def align(found_keys: pa.Array, uniq: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """For rows fetched from state: the index of each row's key in ``uniq`` (all must be)."""
+    ids = as_array(pc.index_in(as_array(found_keys), value_set=uniq))
+    if ids.null_count:
+        raise FormatError(None, None, "state lookup returned a key that was not asked for")
+    return np.asarray(ids.to_numpy(zero_copy_only=False), np.int64), ids
+
+
+def group_sum(ids: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 per-group sum (np.add.at: no float rounding, unlike bincount)."""
+    out = np.zeros(n, np.int64)
+    np.add.at(out, ids, values.astype(np.int64))
+    return out
+
+
+def fill(n: int, value: int) -> np.ndarray:
+    return np.full(n, value, np.int64)

@@ -1,0 +1,557 @@
+"""Pipeline: a PySpark streaming job over headrace's queue, state and shards, exactly once.
+
+One micro-batch (``_process``), at pipeline time t (batches committed so far):
+
+1. the batch's end sequence comes from Spark's offset log (written before the batch runs), so
+   no Spark job probes the input;
+2. one Spark job runs every operator: per operator a stage that buckets rows by key
+   (``pmod(xxhash64(key), buckets)``), shuffles them to ``partitions`` tasks and runs the
+   kernel on each bucket's state as of version v(t-1). Operator outputs stay on the executors
+   (a persisted DataFrame feeds the next operator); tasks upload full state files and output
+   parts themselves and return only *control rows* — page runs, part descriptors, metrics —
+   which is all the driver collects;
+3. the driver absorbs the tasks' page runs and checkpoints the state: one bundle PUT -> v(t);
+4. the progress shard records, at time t, the last queue sequence consumed and v(t): the commit
+   point of the batch;
+5. each output shard links the batch's parts at time t with one compare-and-set; one already
+   past t (a replay) is left alone.
+
+State buckets (key groups) are fixed when the pipeline is created; ``partitions`` — how many
+Spark tasks run a stage — may change on any restart (a task takes a range of buckets), so a
+pipeline rescales without moving state.
+
+Restart (``recover``): t = upper(progress). A sink whose upper is t-1 missed step 5 of batch
+t-1: its output is recomputed from the recorded input range (read by executors) and state
+v(t-2), then linked; the state is not rewritten. Queue entries are acknowledged only after the
+batch completes, so the range is still readable. Spark's own checkpoint may be deleted: entries
+at or below the recorded sequence are filtered out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from functools import reduce
+
+import pyarrow as pa
+
+from headrace.errors import HeadraceError, InvalidInput
+from headrace.persist import PersistClient
+from headrace.pipeline.decode import (
+    DEAD_LETTER_SCHEMA,
+    MAX_ENTRY_BYTES,
+    bad_entries_task,
+    decode,
+)
+from headrace.pipeline.names import BUCKET, SIDE, W
+from headrace.pipeline.outputs import OutputCollector
+from headrace.pipeline.plan import (
+    Node,
+    Operator,
+    Sink,
+    SourceTable,
+    consumers,
+    fingerprint,
+    make_operator,
+    parse_schema,
+    spark_ddl,
+)
+from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress, progress_at
+from headrace.pipeline.tasks import (
+    INLINE_MAX,
+    KIND,
+    PAYLOAD,
+    StageSpec,
+    TaskContextSpec,
+    run_stage_partition,
+    schema_to_bytes,
+    stage_schema,
+)
+from headrace.store import CountingStore, open_store
+
+log = logging.getLogger("headrace.pipeline")
+DEFAULT_BUCKETS = 256
+
+
+class PipelineError(HeadraceError):
+    """The pipeline cannot continue safely (e.g. its stored progress is inconsistent)."""
+
+
+class BadEntry(PipelineError, ValueError):
+    """A queue entry that does not decode into its table (on_bad_entry="fail")."""
+
+
+def store_identity(store, name: str) -> str:
+    """A random id created once per (store, pipeline): tells two stores at one root apart."""
+    from headrace.codec import new_ulid
+    from headrace.errors import AlreadyExists, NotFound
+    from headrace.store import CREATE
+
+    key = f"{name}.identity"
+    try:
+        return store.get(key).data.decode()
+    except NotFound:
+        ident = new_ulid()
+        try:
+            store.put(key, ident.encode(), CREATE)
+            return ident
+        except AlreadyExists:
+            return store.get(key).data.decode()
+
+
+class Pipeline:
+    """Build with read_queue / aggregate / join / distinct / write_shard, then run()."""
+
+    def __init__(self, spark, root: str, *, name: str = "pipeline", partitions: int | None = None,
+                 buckets: int = DEFAULT_BUCKETS, state_backend: str = "reservoir",
+                 checkpoint_dir: str | None = None, cache_dir: str | None = None, store=None,
+                 batches_per_trigger: int | None = None, local_root: str | None = None,
+                 on_bad_entry: str = "fail", max_entry_bytes: int = MAX_ENTRY_BYTES,
+                 output_inline_max: int = INLINE_MAX):
+        if not 1 <= buckets <= 65535:
+            raise InvalidInput(f"buckets must be in [1, 65535], got {buckets}")
+        if partitions is not None and not 1 <= partitions <= 65535:
+            raise InvalidInput(f"partitions must be in [1, 65535], got {partitions}")
+        if on_bad_entry not in ("fail", "dead_letter"):
+            raise InvalidInput(f"on_bad_entry must be 'fail' or 'dead_letter', "
+                               f"got {on_bad_entry!r}")
+        if state_backend not in ("reservoir", "local+backup"):
+            raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
+                               f"got {state_backend!r}")
+        self.spark = spark
+        self.root = root
+        self.name = name
+        self.buckets = buckets
+        # Spark tasks per stage: may change on any restart (state is laid out by bucket)
+        self.partitions = partitions or 2 * spark.sparkContext.defaultParallelism
+        self.state_backend = state_backend
+        self.on_bad_entry = on_bad_entry
+        self.max_entry_bytes = max_entry_bytes
+        self.output_inline_max = output_inline_max  # output bytes a task may hand the driver
+        self.dead_letter_shard = f"{name}.dead_letter" if on_bad_entry == "dead_letter" else None
+        # the driver's store; tasks open ``root`` themselves (``store`` is for fault injection)
+        self.store = CountingStore(store if store is not None else open_store(root))
+        self.batches_per_trigger = batches_per_trigger
+        self.persist = PersistClient(self.store)
+        self.stream = f"{name}.state"
+        self.progress_shard = f"{name}.progress"
+        self._checkpoint_dir = checkpoint_dir
+        self.cache_dir = cache_dir
+        self.local_root = local_root or os.path.join(tempfile.gettempdir(), "headrace-local")
+        self.nodes: list[Node] = []
+        self.sinks: list[Sink] = []
+        self.queue: str | None = None
+        self.time = 0
+        self.bindings: dict[str, int] = {}
+        self.metrics: dict[str, float] = defaultdict(float)
+        self._storage = None
+        self.on_batch = None  # optional callback(dict) after each committed batch
+
+    # ---- building ----------------------------------------------------------------------
+    def read_queue(self, queue: str, tables: dict[str, str | pa.Schema]) -> dict[str, Node]:
+        """Entries of ``queue`` are JSON objects ``{"table": T, "w": ±n, <columns>}``."""
+        if self.queue not in (None, queue):
+            raise InvalidInput("a pipeline reads one queue (its tables may be many)")
+        self.queue = queue
+        out = {}
+        for table, spec in tables.items():
+            node = SourceTable(name=f"{queue}.{table}",
+                               schema=parse_schema(spec, f"table {table!r}"),
+                               queue=queue, table=table)
+            self.nodes.append(node)
+            out[table] = node
+        return out
+
+    def _add(self, kind: str, name: str, inputs: list[Node], params: dict) -> Node:
+        if any(n.name == name for n in self.nodes):
+            raise InvalidInput(f"an operator named {name!r} already exists")
+        for i in inputs:
+            if i not in self.nodes:
+                raise InvalidInput(f"input {i.name!r} does not belong to this pipeline")
+        op = sum(1 for n in self.nodes if isinstance(n, Operator))
+        node = make_operator(op, kind, name, inputs, params)
+        self.nodes.append(node)
+        return node
+
+    def aggregate(self, input: Node, by: list[str], aggs: dict[str, str], name: str) -> Node:
+        return self._add("aggregate", name, [input], {"by": list(by), "aggs": dict(aggs)})
+
+    def join(self, left: Node, right: Node, on: list[str] | None = None, name: str = "",
+             *, how: str = "inner", left_on: list[str] | None = None,
+             right_on: list[str] | None = None) -> Node:
+        """Equi-join: inner, left, right, full, left_semi or left_anti (SQL semantics: NULL
+        keys never match); ``on`` (same names) or ``left_on``/``right_on``."""
+        keys = ({"on": list(on)} if on is not None
+                else {"left_on": list(left_on or []), "right_on": list(right_on or [])})
+        return self._add("join", name or f"join{len(self.nodes)}", [left, right],
+                         {"how": how, **keys})
+
+    def distinct(self, input: Node, name: str) -> Node:
+        return self._add("distinct", name, [input], {})
+
+    def write_shard(self, node: Node, shard: str) -> None:
+        if not isinstance(node, Operator):
+            raise InvalidInput("write_shard takes an operator's output")
+        self.sinks.append(Sink(node, shard))
+
+    @property
+    def fingerprint(self) -> str:
+        """Operator graph, buckets and backend: state of another layout is refused."""
+        return fingerprint(self.nodes, self.sinks, self.buckets, self.state_backend)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Spark's checkpoint folder. Default: a local folder keyed by the root *and* the
+        store's identity (a random id the pipeline creates in the store on first use), so a new
+        store at an old root never meets the old store's Spark offsets."""
+        if self._checkpoint_dir is None:
+            ident = store_identity(self.store, self.name)
+            digest = hashlib.sha256(f"{self.root}|{self.name}|{ident}".encode()).hexdigest()[:16]
+            self._checkpoint_dir = os.path.join(tempfile.gettempdir(),
+                                                f"headrace-spark-{self.name}-{digest}")
+        return self._checkpoint_dir
+
+    # ---- state and progress ------------------------------------------------------------
+    def storage(self):
+        if self._storage is None:
+            from headrace.reservoir import ReservoirStorage
+
+            self._storage = ReservoirStorage.open(self.store, stream=self.stream)
+        return self._storage
+
+    def _manifest_key(self, version: int) -> str:
+        return f"{self.name}.localstate/{version:020d}.json"
+
+    def _state_indexes(self, version: int | None) -> dict[str, str]:
+        """local+backup: the bucket -> snapshot index ids that make up state ``version``."""
+        if version is None or self.state_backend != "local+backup":
+            return {}
+        key = self._manifest_key(version)
+        try:
+            obj = json.loads(self.store.get(key).data)
+        except ValueError as e:
+            raise PipelineError(f"state manifest {key!r} is not valid JSON: {e}") from e
+        if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in obj.items()):
+            raise PipelineError(f"state manifest {key!r} is not a map of index ids")
+        return obj
+
+    def recover(self) -> int:
+        """Bring every output up to the progress shard; returns the time to continue at."""
+        upper = self.persist.upper(self.progress_shard) or 0
+        self.time = upper
+        self.bindings = progress_at(self.persist, self.progress_shard, upper - 1)
+        graph = self.bindings.get(f"{GRAPH_KEY}:{self.fingerprint}")
+        if upper and graph is None:
+            raise PipelineError(f"pipeline {self.name!r}: stored progress was written by a "
+                                "different operator graph; use a new name or root")
+        behind = []
+        for shard, schema in self._outputs():
+            su = self.persist.upper(shard) or 0
+            if su == upper:
+                continue
+            if su != upper - 1:
+                raise PipelineError(f"shard {shard!r} is at {su}, progress at {upper}: "
+                                    "written by something else?")
+            behind.append((shard, schema))
+        if behind:
+            t = upper - 1
+            prev = progress_at(self.persist, self.progress_shard, t - 1)
+            log.info("recovering outputs of batch %d for %s", t, [s for s, _ in behind])
+            entries = self._range_df(prev.get(self.queue, -1), self.bindings[self.queue])
+            result = self._run_stages(entries, prev.get(STATE_KEY), t=t, write_state=False,
+                                      shards={s for s, _ in behind})
+            self._link_outputs(result["outputs"], t, behind)
+            self.metrics["replayed_batches"] += 1
+        return self.time
+
+    def _range_df(self, after: int, through: int):
+        """Queue entries (after, through] as a DataFrame read by executors (the driver lists
+        the manifest only)."""
+        from headrace.buffer import list_entries
+
+        entries = [e for e in list_entries(self.store, f"{self.queue}/manifest", after)
+                   if e.sequence <= through]
+        if not entries or entries[-1].sequence != through:
+            raise PipelineError(f"queue {self.queue!r} no longer holds sequences "
+                                f"({after}, {through}] needed to recover")
+        meta = [(e.sequence, e.location, pickle.dumps(
+            [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata]))
+            for e in entries]
+        df = self.spark.createDataFrame(meta, "sequence long, location string, metadata binary")
+        url, manifest = self.root, f"{self.queue}/manifest"
+
+        def read(batches):
+            from headrace.spark.queue_source import read_batches
+
+            for b in batches:
+                todo = [(seq, loc, pickle.loads(md)) for seq, loc, md in
+                        zip(*(b.column(i).to_pylist() for i in range(3)), strict=True)]
+                for rb in read_batches(url, manifest, manifest.rpartition("/")[0], todo):
+                    yield rb.select(["sequence", "index", "entry"])
+
+        return df.repartition(min(len(meta), self.partitions)).mapInArrow(
+            read, "sequence long, index int, entry binary")
+
+    # ---- one micro-batch ---------------------------------------------------------------
+    def process_entries(self, entries: pa.Table) -> None:
+        """Run one micro-batch over queue entries given as Arrow (sequence, index, entry),
+        outside a streaming query (backfills, tests); the same protocol as a streamed batch."""
+        if self.queue is None:
+            raise InvalidInput("process_entries needs read_queue(...) first")
+        end = pa.compute.max(entries["sequence"]).as_py() if entries.num_rows else None
+        self._process_range(self.spark.createDataFrame(entries), end)
+
+    def _process(self, df, batch_id: int) -> None:
+        self._process_range(df, self._spark_batch_end(batch_id, df))
+
+    def _spark_batch_end(self, batch_id: int, df) -> int | None:
+        """The last queue sequence of Spark batch ``batch_id``, from Spark's offset log (the
+        source's end offset is the next sequence to read); a probe job only if it is absent."""
+        path = os.path.join(self.checkpoint_dir, "offsets", str(batch_id))
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [ln for ln in f.read().splitlines() if ln.strip()]
+            return int(json.loads(lines[-1])["sequence"]) - 1
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            from pyspark.sql import functions as F
+
+            log.warning("Spark offset log %s unreadable; probing the batch's end", path)
+            return df.agg(F.max("sequence")).collect()[0][0]
+
+    def _process_range(self, df, end: int | None) -> None:
+        from pyspark.sql import functions as F
+
+        t0 = time.perf_counter()
+        after = self.bindings.get(self.queue, -1)
+        if end is None or end <= after:
+            return  # everything in this Spark batch was processed before a restart
+        t = self.time
+        prev_version = self.bindings.get(STATE_KEY)
+        df = df.filter(F.col("sequence") > F.lit(after)).select("sequence", "index", "entry")
+        result = self._run_stages(df, prev_version, t=t, write_state=True,
+                                  shards={s for s, _ in self._outputs()})
+        if self.state_backend == "local+backup":
+            # the state of time t = the previous buckets' snapshots + the ones changed now;
+            # a crashed earlier attempt of t may have left a manifest: not committed, replace it
+            manifest = {**self._state_indexes(prev_version), **result["indexes"]}
+            self.store.put(self._manifest_key(t), json.dumps(manifest, sort_keys=True).encode())
+            version = t
+        else:
+            storage = self.storage()
+            storage.absorb(result["runs"])
+            version = storage.checkpoint()
+        new = {self.queue: int(end), STATE_KEY: int(version),
+               f"{GRAPH_KEY}:{self.fingerprint}": 0}
+        commit_progress(self.persist, self.progress_shard, t, self.bindings, new)
+        if result["indexes"]:  # recorded durably: make the snapshots permanent
+            from headrace.spark.local_state import finalize
+
+            finalize(self.store, self.name, result["indexes"])
+        self._link_outputs(result["outputs"], t, self._outputs())
+        self.time = t + 1
+        self.bindings = new
+        self.metrics["batches"] += 1
+        seconds = time.perf_counter() - t0
+        self.metrics["batch_seconds"] += seconds
+        self.metrics["bad_entries"] += result["bad"]
+        if self.on_batch is not None:
+            self.on_batch({"time": t, "through_sequence": int(end), "state_version": int(version),
+                           "seconds": round(seconds, 3), "bad_entries": result["bad"]})
+        log.info("batch t=%d: through sequence %d, state v%d, %.3f s", t, end, version, seconds)
+
+    def _outputs(self) -> list[tuple[str, pa.Schema]]:
+        """Every shard a batch writes at its time: the sinks, and the dead-letter shard."""
+        out = [(s.shard, s.node.schema) for s in self.sinks]
+        if self.dead_letter_shard:
+            out.append((self.dead_letter_shard, DEAD_LETTER_SCHEMA))
+        return out
+
+    def _link_outputs(self, outputs: OutputCollector, t: int,
+                      shards: list[tuple[str, pa.Schema]]) -> None:
+        for shard, schema in shards:
+            outputs.link(self.persist, shard, schema, t)
+
+    # ---- the Spark job of a micro-batch ------------------------------------------------
+    def _run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
+                    shards: set[str]) -> dict:
+        """Run every operator over the entries in one Spark job; return the control rows."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        sources = [n for n in self.nodes if isinstance(n, SourceTable)]
+        # every table's branch and the bad-entry branch read the entries: fetch them once
+        entries_df = entries_df.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted = [entries_df]
+        frames, bad = decode(entries_df, sources, self.max_entry_bytes)
+        ctx = TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
+                              run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}", cache_dir=self.cache_dir,
+                              write_state=write_state, backend=self.state_backend,
+                              local_root=self.local_root, pipeline=self.name,
+                              indexes=self._state_indexes(state_version), checkpoint_id=f"t{t}")
+        wanted = {id(s.node): [x.shard for x in self.sinks if x.node is s.node
+                               and x.shard in shards] for s in self.sinks}
+        dead = self.dead_letter_shard if self.dead_letter_shard in shards else None
+        # tasks upload parts under the driver's writer of each shard (registered once, its
+        # lease refreshed by every link), so no sweep deletes them before they are linked
+        writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
+        control = [bad.mapInArrow(bad_entries_task(
+            {s.table: schema_to_bytes(s.schema) for s in sources}, self.max_entry_bytes, dead,
+            writer_ids.get(dead), self.root, self.persist.root, t,
+            self.output_inline_max),
+            f"`{KIND}` string, `{PAYLOAD}` binary")]
+        try:
+            for node in self.nodes:
+                if not isinstance(node, Operator):
+                    continue
+                inputs = []
+                for i, src in enumerate(node.sources):
+                    frame = frames.get(src.name)
+                    if frame is None:
+                        frame = self.spark.createDataFrame(
+                            [], spark_ddl(src.schema) + f", `{W}` long")
+                    frame = frame.withColumn(BUCKET, self._bucket_expr(node.bucket_columns[i]))
+                    if len(node.sources) == 2:
+                        frame = frame.withColumn(SIDE, F.lit(i))
+                    inputs.append(frame)
+                frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), inputs)
+                downstream = bool(consumers(self.nodes, node))
+                spec = StageSpec(op=node.op, kind=node.kind,
+                                 inputs=[schema_to_bytes(s.schema) for s in node.sources],
+                                 output=schema_to_bytes(node.schema), params=node.params,
+                                 emit_rows=downstream, sinks=wanted.get(id(node), []), time=t,
+                                 persist_root=self.persist.root, writer_ids=writer_ids,
+                                 inline_max=self.output_inline_max)
+                full = stage_schema(node.schema)
+                out = frame.repartition(self.partitions, BUCKET).mapInArrow(
+                    _task_fn(spec, ctx), spark_ddl(full))
+                if downstream:  # the next operator reads the data rows from executor memory
+                    out = out.persist(StorageLevel.MEMORY_AND_DISK)
+                    persisted.append(out)
+                    frames[node.name] = out.filter(F.col(KIND).isNull()).select(
+                        *[F.col(f"`{c}`") for c in node.schema.names], F.col(W))
+                control.append(out.filter(F.col(KIND).isNotNull()).select(KIND, PAYLOAD))
+            rows = reduce(lambda a, b: a.union(b), control).toArrow() if control else None
+        finally:
+            for df in persisted:
+                df.unpersist()
+        return self._absorb_control(rows)
+
+    def _bucket_expr(self, columns: list[str]):
+        from pyspark.sql import functions as F
+
+        if not columns:
+            return F.lit(0)
+        return F.pmod(F.xxhash64(*[F.col(f"`{c}`") for c in columns]),
+                      F.lit(self.buckets)).cast("int")
+
+    def _absorb_control(self, rows: pa.Table | None) -> dict:
+        runs, indexes, outputs = [], {}, OutputCollector()
+        bad, examples = 0, []
+        if rows is not None:
+            for kind, payload in zip(rows[KIND].to_pylist(), rows[PAYLOAD].to_pylist(),
+                                     strict=True):
+                if kind == "run":
+                    runs.append(pickle.loads(payload))
+                elif kind == "indexes":
+                    indexes.update(json.loads(payload))
+                elif kind in ("part", "out"):
+                    outputs.add(kind, payload)
+                elif kind == "bad":
+                    summary = pickle.loads(payload)
+                    bad += summary["count"]
+                    examples += summary["examples"]
+                elif kind == "metrics":
+                    for k, v in json.loads(payload).items():
+                        self.metrics[f"task_{k}"] += v
+        self.metrics["driver_inline_output_bytes_max"] = max(
+            self.metrics["driver_inline_output_bytes_max"], outputs.inline_bytes)
+        if bad and self.on_bad_entry == "fail":
+            e = min(examples, key=lambda x: (x["sequence"], x["index"]))
+            where = f"queue {self.queue!r} sequence {e['sequence']} entry {e['index']}"
+            if e["table"] is not None:
+                where += f", table {e['table']!r}"
+            if e["field"] is not None:
+                where += f", field {e['field']!r}"
+            raise BadEntry(f"{where}: {e['reason']} ({bad} bad entries in this batch; nothing "
+                           "was committed; Pipeline(on_bad_entry='dead_letter') keeps them "
+                           "in a dead-letter shard instead)")
+        return {"runs": runs, "indexes": indexes, "outputs": outputs, "bad": bad}
+
+    # ---- running ----------------------------------------------------------------------
+    def run(self, *, until_idle: bool = True, max_runs: int | None = None,
+            processing_time: str | None = None, timeout_s: float | None = None) -> int:
+        """Recover, then process the queue. until_idle: repeat availableNow runs until one finds
+        nothing new; otherwise a processingTime trigger until ``timeout_s``. Returns batches."""
+        if self.queue is None or not self.sinks:
+            raise InvalidInput("a pipeline needs read_queue(...) and at least one write_shard")
+        from headrace.spark.queue_source import register
+
+        register(self.spark)
+        self.recover()
+        start_batches = self.metrics["batches"]
+        runs = 0
+        while True:
+            before = self.metrics["batches"]
+            reader = (self.spark.readStream.format("headrace.queue")
+                      .option("url", self.root)
+                      .option("manifest_path", f"{self.queue}/manifest"))
+            if self.batches_per_trigger:
+                reader = reader.option("max_batches_per_trigger", str(self.batches_per_trigger))
+            reader = reader.load()
+            writer = (reader.writeStream.foreachBatch(self._process)
+                      .option("checkpointLocation", self.checkpoint_dir))
+            try:
+                if until_idle:
+                    query = writer.trigger(availableNow=True).start()
+                    query.awaitTermination()
+                else:
+                    query = writer.trigger(processingTime=processing_time or "1 second").start()
+                    query.awaitTermination(timeout_s)
+                    query.stop()
+            except Exception as e:  # the query died: what failed inside a batch is in its text
+                raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "
+                                    f"{_first_error_line(e)}") from e
+            runs += 1
+            if not until_idle or self.metrics["batches"] == before:
+                break
+            if max_runs is not None and runs >= max_runs:
+                break
+        return int(self.metrics["batches"] - start_batches)
+
+    def read_shard(self, shard: str, as_of: int | None = None) -> pa.Table:
+        """The consolidated contents of an output shard (latest complete time by default)."""
+        upper = self.persist.upper(shard) or 0
+        if upper == 0:
+            raise InvalidInput(f"shard {shard!r} has no complete time yet")
+        return self.persist.read_only(shard).snapshot(upper - 1 if as_of is None else as_of)
+
+
+def _first_error_line(e: Exception) -> str:
+    """The innermost Python error of a failed streaming query (Spark wraps it several times):
+    a headrace error's own line first, else the last line naming an error."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    ours = [ln for ln in lines if ln.startswith("headrace.") and ": " in ln]
+    if ours:
+        return ours[-1][:500]
+    errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln or "Fault:" in ln]
+    return (errors[-1] if errors else (lines[0] if lines else repr(e)))[:500]
+
+
+def _task_fn(spec: StageSpec, ctx: TaskContextSpec):
+    def fn(batches):
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        pid = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+        yield from run_stage_partition(batches, spec, ctx, pid, attempt)
+
+    return fn

@@ -1,0 +1,101 @@
+"""Z-set tables of the state: checking what callers hand in, and consolidation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from headrace.errors import InvalidInput
+from headrace.pipeline.operators.base import ZSET_SCHEMA
+
+#: bytes a row counts for in run sizes (tiering) and write amplification: key, val, weight
+#: and the two offsets a page stores for it
+ROW_OVERHEAD = 16
+
+
+def empty_zset() -> pa.Table:
+    return ZSET_SCHEMA.empty_table()
+
+
+def binary_keys(keys, what: str = "lookup keys") -> pa.Array:
+    """``keys`` as one binary array; nulls are refused (a key is never null in the state)."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    elif not isinstance(keys, pa.Array):
+        keys = pa.array(keys, pa.binary())
+    if keys.type == pa.large_binary():
+        keys = keys.cast(pa.binary())
+    elif keys.type != pa.binary():
+        raise InvalidInput(f"{what} must be binary, got {keys.type}")
+    if keys.null_count:
+        raise InvalidInput(f"{what} hold {keys.null_count} nulls; state keys are never null")
+    return keys
+
+
+def check_zset(table: pa.Table, what: str = "updates") -> pa.Table:
+    """A caller's (key, val, w) table as ZSET_SCHEMA with one chunk per column."""
+    if not isinstance(table, pa.Table):
+        raise InvalidInput(f"{what} must be a pyarrow Table, got {type(table).__name__}")
+    missing = [c for c in ZSET_SCHEMA.names if c not in table.column_names]
+    if missing:
+        raise InvalidInput(f"{what} lack columns {missing}; a Z-set has key, val, w")
+    cols = []
+    for f in ZSET_SCHEMA:
+        col = table.column(f.name)
+        if col.null_count:
+            raise InvalidInput(f"{what}: column {f.name!r} has {col.null_count} nulls")
+        if col.type != f.type:
+            ok = (f.type == pa.binary() and col.type == pa.large_binary()) or (
+                f.type == pa.int64() and pa.types.is_integer(col.type)
+                and col.type != pa.uint64())
+            if not ok:
+                raise InvalidInput(f"{what}: column {f.name!r} has type {col.type}, "
+                                   f"expected {f.type}")
+            col = col.cast(f.type)
+        cols.append(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0))
+    return pa.Table.from_arrays(cols, schema=ZSET_SCHEMA)
+
+
+def consolidate(table: pa.Table) -> pa.Table:
+    """Sort by (key, val), sum the weights of equal (key, val), drop zero sums; one chunk per
+    column. Deterministic whatever the input order, so retried tasks write the same bytes."""
+    n = table.num_rows
+    if n == 0:
+        return empty_zset()
+    order = pc.sort_indices(table, sort_keys=[("key", "ascending"), ("val", "ascending")])
+    t = table.take(order).combine_chunks()
+    key, val = t.column("key").chunk(0), t.column("val").chunk(0)
+    w = t.column("w").chunk(0).to_numpy()
+    if n > 1:
+        same = pc.and_(pc.equal(key.slice(1), key.slice(0, n - 1)),
+                       pc.equal(val.slice(1), val.slice(0, n - 1)))
+        new = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
+        starts = np.flatnonzero(new)
+    else:
+        starts = np.zeros(1, np.int64)
+    sums = w if len(starts) == n else np.add.reduceat(w, starts)
+    keep = sums != 0
+    if len(starts) == n and keep.all():
+        return t
+    rows = starts[keep]
+    return pa.Table.from_arrays([key.take(pa.array(rows)), val.take(pa.array(rows)),
+                                 pa.array(sums[keep], pa.int64())], schema=ZSET_SCHEMA)
+
+
+def distinct_sorted_keys(keys: pa.Array) -> pa.Array:
+    """Distinct keys in byte order (Arrow's sort, no Python comparison per key)."""
+    u = pc.unique(keys)
+    return u.take(pc.sort_indices(u))
+
+
+def raw_bytes(table: pa.Table) -> int:
+    """Uncompressed size of rows as a page stores them (for tiering and write amplification)."""
+    if table.num_rows == 0:
+        return 0
+    k, v = table.column("key"), table.column("val")
+    return int(table.num_rows * ROW_OVERHEAD + _data_len(k) + _data_len(v))
+
+
+def _data_len(col) -> int:
+    return int(pc.sum(pc.binary_length(col)).as_py() or 0)

@@ -1,0 +1,243 @@
+"""What runs inside a Spark task: one operator over the state buckets of one shuffle partition.
+
+Input: Arrow record batches with the operator's input columns, ``W``, ``BUCKET`` and, for a
+two-input operator, ``SIDE``. Output: rows of the stage schema — ``KIND``, ``PAYLOAD``, then the
+operator's output columns and ``W``. A row with ``KIND`` null is a *data* row (the output delta,
+kept on the executors for the next operator); every other row is a small *control* row, the only
+thing the driver collects:
+
+- ``"run"``: the pickled :class:`PageRun` of this task's state changes (full reservoir files
+  already uploaded by the task, small leftovers inline for the driver to bundle);
+- ``"part"``: (shard, PartMeta) — an output part this task uploaded for a sink;
+- ``"out"``: (shard, Arrow IPC) — an output too small to be worth a PUT (≤ ``inline_max`` bytes),
+  which the driver packs with the other tasks' into one part; the driver so holds at most
+  tasks × inline_max bytes of rows, whatever the batch size;
+- ``"indexes"``: (local+backup backend) JSON {bucket key: new backup snapshot index id};
+- ``"metrics"``: JSON object-store request counts of this task.
+
+Specs travel to executors by pickling, so they hold only plain values (schemas as IPC).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from headrace.pipeline import operators
+from headrace.pipeline.names import BUCKET, PREFIX, SIDE, W
+
+KIND = f"{PREFIX}kind"
+PAYLOAD = f"{PREFIX}payload"
+INLINE_MAX = 256 * 1024  # an output part smaller than this goes to the driver, not to a PUT
+STATE_FILE_BYTES = 16 << 20  # a task uploads its own state file past this; less goes inline
+
+
+def schema_to_bytes(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+def schema_from_bytes(data: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(data))
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def table_from_ipc(data) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def stage_schema(output: pa.Schema) -> pa.Schema:
+    """Control columns first, then the operator's output columns and the weight."""
+    return pa.schema([pa.field(KIND, pa.string()), pa.field(PAYLOAD, pa.binary()),
+                      *output, pa.field(W, pa.int64())])
+
+
+@dataclass
+class StageSpec:
+    """One operator's work in a micro-batch."""
+
+    op: int
+    kind: str
+    inputs: list[bytes]  # input schemas (without W), IPC
+    output: bytes  # output schema (without W), IPC
+    params: dict = field(default_factory=dict)
+    emit_rows: bool = False  # another operator consumes the output: keep it as data rows
+    sinks: list[str] = field(default_factory=list)  # shards this operator's output goes to
+    writer_ids: dict = field(default_factory=dict)  # shard -> the driver's registered writer
+    time: int = 0  # the pipeline time of this micro-batch (the sinks' update time)
+    persist_root: str = "persist"
+    inline_max: int = INLINE_MAX
+
+    def kernel(self):
+        return operators.build(self.kind, [schema_from_bytes(b) for b in self.inputs],
+                               self.params)
+
+
+@dataclass
+class TaskContextSpec:
+    """Where state lives and which version this micro-batch reads."""
+
+    url: str
+    stream: str
+    state_version: int | None
+    run_prefix: str  # unique per micro-batch attempt; the task adds partition + attempt
+    cache_dir: str | None = None
+    write_state: bool = True
+    write_outputs: bool = True
+    # the local+backup backend: spines on executor disk, one backup snapshot per bucket
+    backend: str = "reservoir"
+    local_root: str | None = None
+    pipeline: str = ""
+    indexes: dict = field(default_factory=dict)  # bucket key -> snapshot index id to read
+    checkpoint_id: str = ""
+
+
+class _States:
+    """Opens and finishes the state of (operator, side, bucket) for the configured backend."""
+
+    def __init__(self, spec: StageSpec, ctx: TaskContextSpec, store, partition_id: int,
+                 attempt: int):
+        from headrace.pipeline.workers import open_reader
+        from headrace.reservoir import PageRunWriter, ReservoirOptions
+
+        self.spec, self.ctx, self.store = spec, ctx, store
+        self.local = ctx.backend == "local+backup"
+        self.reader = None if self.local else open_reader(ctx.url, ctx.stream,
+                                                          ctx.state_version, ctx.cache_dir)
+        self.writer = None if self.local or not ctx.write_state else PageRunWriter(
+            store, stream=ctx.stream, run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}",
+            options=ReservoirOptions(max_file_size=STATE_FILE_BYTES))
+        self.new_indexes: dict[str, str] = {}
+
+    def open(self, side: int, bucket: int):
+        from headrace.pipeline.state import BucketLSM
+        from headrace.spark.local_state import LocalBackupBucketState, bucket_key
+
+        if not self.local:
+            return BucketLSM(self.reader, self.spec.op, side, bucket)
+        key = bucket_key(self.spec.op, side, bucket)
+        return LocalBackupBucketState(self.ctx.local_root, self.store, self.ctx.pipeline,
+                                      self.spec.op, side, bucket, self.ctx.indexes.get(key))
+
+    def finish(self, st) -> None:
+        if not self.local:
+            if self.writer is not None:
+                st.write(self.writer)
+        elif self.ctx.write_state:
+            index = st.commit(self.ctx.checkpoint_id)
+            if index is not None:
+                self.new_indexes[st.key] = index
+        else:
+            st.close()
+
+
+def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partition_id: int,
+                        attempt: int):
+    """Apply the operator to every bucket in these batches; yield stage-schema batches."""
+    from headrace.pipeline.workers import task_store
+
+    batches = list(batches)
+    if not batches or sum(b.num_rows for b in batches) == 0:
+        return
+    table = pa.Table.from_batches(batches)
+    kernel = spec.kernel()
+    schemas = [schema_from_bytes(b) for b in spec.inputs]
+    out_schema = schema_from_bytes(spec.output)
+    store = task_store(ctx.url)
+    before = store.counts()
+    states = _States(spec, ctx, store, partition_id, attempt)
+    outs = []
+    # a task holds several buckets: sort once, then take each bucket as a slice
+    table = table.sort_by(BUCKET)
+    ids = table[BUCKET].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        bucket = int(ids[lo])
+        rows = table.slice(lo, hi - lo)
+        if len(schemas) == 2:
+            deltas = [_side(rows, i, schemas[i]) for i in range(2)]
+        else:
+            deltas = [_columns(rows, schemas[0])]
+        opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
+        out = kernel.apply(deltas, opened)
+        for st in opened:
+            states.finish(st)
+        if out.num_rows:
+            outs.append(out)
+    out = (pa.concat_tables(outs) if outs
+           else pa.schema([*out_schema, pa.field(W, pa.int64())]).empty_table())
+    full = stage_schema(out_schema)
+    if spec.emit_rows and out.num_rows:
+        yield _data_rows(out, full)
+    control: list[tuple[str, bytes]] = []
+    if ctx.write_outputs:
+        control += _outputs(out, spec, store)
+    if states.writer is not None:
+        control.append(("run", pickle.dumps(states.writer.finish(),
+                                            protocol=pickle.HIGHEST_PROTOCOL)))
+    if states.new_indexes:
+        control.append(("indexes", json.dumps(states.new_indexes).encode()))
+    after = store.counts()
+    control.append(("metrics", json.dumps({k: after[k] - before[k] for k in after}).encode()))
+    yield _control_rows(control, full)
+
+
+def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:
+    """Each sink's share of this task's output: uploaded as a part, or inline when small."""
+    from headrace.pipeline.outputs import DIFF, TIME, upload_task_part
+
+    if not spec.sinks or out.num_rows == 0:
+        return []
+    names = [n for n in out.column_names if n != W]
+    part = pa.Table.from_arrays(
+        [out[n] for n in names] + [pa.array(np.full(out.num_rows, spec.time, np.uint64)),
+                                   pc.cast(out[W], pa.int64())],
+        names=[*names, TIME, DIFF])
+    control = []
+    inline = part.nbytes <= spec.inline_max
+    for shard in spec.sinks:
+        if inline:
+            control.append(("out", pickle.dumps((shard, table_to_ipc(part)))))
+        else:
+            meta = upload_task_part(store, shard, spec.writer_ids[shard], part,
+                                    spec.persist_root)
+            control.append(("part", pickle.dumps((shard, meta))))
+    return control
+
+
+def _data_rows(out: pa.Table, full: pa.Schema) -> pa.RecordBatch:
+    n = out.num_rows
+    arrays = [pa.nulls(n, pa.string()), pa.nulls(n, pa.binary())]
+    for f in list(full)[2:]:
+        col = out[f.name]
+        arrays.append(col.combine_chunks().cast(f.type) if isinstance(col, pa.ChunkedArray)
+                      else col.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=full)
+
+
+def _control_rows(control: list[tuple[str, bytes]], full: pa.Schema) -> pa.RecordBatch:
+    n = len(control)
+    arrays = [pa.array([k for k, _ in control], pa.string()),
+              pa.array([p for _, p in control], pa.binary())]
+    arrays += [pa.nulls(n, f.type) for f in list(full)[2:]]
+    return pa.RecordBatch.from_arrays(arrays, schema=full)
+
+
+def _columns(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays([pc.cast(rows[n], schema.field(n).type) for n in schema.names]
+                                + [pc.cast(rows[W], pa.int64())], names=[*schema.names, W])
+
+
+def _side(rows: pa.Table, side: int, schema: pa.Schema) -> pa.Table:
+    return _columns(rows.filter(pc.equal(rows[SIDE], side)), schema)

@@ -1,0 +1,135 @@
+"""The engine on real PySpark: rows stay on executors, partitions change on restart, bad
+entries never vanish, a new store never meets an old Spark checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from headrace.pipeline.runner import BadEntry, Pipeline
+from headrace.spark.demo import (
+    OUTPUT_SHARD,
+    DemoSpec,
+    build_pipeline,
+    encode,
+    expected_totals,
+    generate_events,
+    normalize_totals,
+    produce,
+)
+
+pytestmark = pytest.mark.spark
+
+SPEC = DemoSpec(seed=4, customers=20, orders=300, update_every=15, cancel_every=11)
+
+
+@pytest.fixture(scope="module")
+def expected(spark):
+    return normalize_totals(expected_totals(spark, generate_events(SPEC)))
+
+
+def _produce(root: str, waves: int) -> None:
+    payloads = encode(generate_events(SPEC))
+    step = -(-len(payloads) // waves)
+    for i in range(0, len(payloads), step):
+        produce(root, payloads[i : i + step])
+
+
+def test_outputs_reach_the_shard_as_task_parts_only(spark, tmp_path, expected):
+    """With inlining off, every output row is uploaded by a task: the driver collects part
+    descriptors only (no output bytes), and the shard equals PySpark's answer."""
+    root = str(tmp_path / "store")
+    _produce(root, 2)
+    p = build_pipeline(spark, root, partitions=2, checkpoint_dir=str(tmp_path / "ck"),
+                       batches_per_trigger=1, output_inline_max=0)
+    seen = []
+    absorb = p._absorb_control
+
+    def spy(rows):
+        seen.append(sorted(set(rows["__hr_kind"].to_pylist())) if rows is not None else [])
+        return absorb(rows)
+
+    p._absorb_control = spy
+    assert p.run(until_idle=True) >= 2
+    assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
+    assert p.metrics["driver_inline_output_bytes_max"] == 0
+    assert all("out" not in kinds for kinds in seen)
+    assert any("part" in kinds for kinds in seen)
+    assert p.metrics["task_puts"] > 0
+
+
+def test_partitions_change_on_restart(spark, tmp_path, expected):
+    """State is laid out in fixed buckets: a restart with another task count rescales."""
+    root = str(tmp_path / "store")
+    payloads = encode(generate_events(SPEC))
+    half = len(payloads) // 2
+    produce(root, payloads[:half])
+    ckpt = str(tmp_path / "ck")
+    p1 = build_pipeline(spark, root, partitions=1, checkpoint_dir=ckpt, batches_per_trigger=1)
+    p1.run(until_idle=True)
+    assert p1.time >= 1
+    produce(root, payloads[half:])
+    p2 = build_pipeline(spark, root, partitions=3, checkpoint_dir=ckpt, batches_per_trigger=1)
+    p2.run(until_idle=True)
+    assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
+
+
+def _bad_pipeline(spark, root, ckpt, mode):
+    p = Pipeline(spark, root, name="bad", partitions=2, checkpoint_dir=ckpt,
+                 on_bad_entry=mode, max_entry_bytes=200)
+    src = p.read_queue("ingest", {"t": "k long, v double, s string"})
+    agg = p.aggregate(src["t"], by=["k"], aggs={"n": "count"}, name="agg")
+    p.write_shard(agg, "out")
+    return p
+
+
+GOOD = [{"table": "t", "k": 1, "v": 1.5, "s": "a"}, {"table": "t", "k": 2, "v": 2.0, "s": "b"}]
+POISON = [b"not json",                                                # not JSON
+          json.dumps({"table": "t", "k": "x", "v": 1.0, "s": "a"}).encode(),  # wrong type
+          json.dumps({"table": "t", "k": 3, "s": "a"}).encode(),               # missing field
+          json.dumps({"table": "nope", "k": 3}).encode(),                      # unknown table
+          json.dumps({"table": "t", "k": 4, "v": 1.0, "s": "x" * 300}).encode(),  # huge
+          json.dumps({"table": "t", "k": 5, "v": 1.0, "s": "a", "w": 0}).encode()]  # weight
+
+
+def test_bad_entries_fail_naming_the_entry(spark, tmp_path):
+    root = str(tmp_path / "store")
+    produce(root, [json.dumps(g).encode() for g in GOOD] + [POISON[1]])
+    p = _bad_pipeline(spark, root, str(tmp_path / "ck"), "fail")
+    with pytest.raises(Exception, match=r"sequence 0 entry 2, table 't', field 'k'"):
+        p.run(until_idle=True)
+    assert (p.persist.upper("bad.progress") or 0) == 0  # nothing committed
+
+
+def test_bad_entries_go_to_the_dead_letter_shard(spark, tmp_path):
+    root = str(tmp_path / "store")
+    produce(root, [json.dumps(g).encode() for g in GOOD] + POISON)
+    p = _bad_pipeline(spark, root, str(tmp_path / "ck"), "dead_letter")
+    p.run(until_idle=True)
+    assert p.metrics["bad_entries"] == 6
+    dead = p.read_shard("bad.dead_letter").sort_by("index")
+    assert dead["index"].to_pylist() == [2, 3, 4, 5, 6, 7]
+    assert dead["field"].to_pylist() == [None, "k", "v", "table", None, "w"]
+    assert dead["entry"].to_pylist() == POISON
+    out = p.read_shard("out").sort_by("k")
+    assert out["k"].to_pylist() == [1, 2] and out["n"].to_pylist() == [1, 1]
+    assert BadEntry.__mro__[1].__name__ == "PipelineError"
+
+
+def test_a_new_store_at_an_old_root_never_meets_the_old_spark_checkpoint(spark, tmp_path,
+                                                                          expected):
+    root = str(tmp_path / "store")
+    _produce(root, 2)
+    first = build_pipeline(spark, root, partitions=2, batches_per_trigger=1)
+    first.run(until_idle=True)
+    old_ckpt = first.checkpoint_dir
+    shutil.rmtree(root)  # a new, empty store at the same root
+    _produce(root, 2)
+    again = build_pipeline(spark, root, partitions=2, batches_per_trigger=1)
+    assert again.checkpoint_dir != old_ckpt
+    again.run(until_idle=True)
+    assert normalize_totals(again.read_shard(OUTPUT_SHARD)) == expected
+    shutil.rmtree(old_ckpt, ignore_errors=True)
+    shutil.rmtree(again.checkpoint_dir, ignore_errors=True)

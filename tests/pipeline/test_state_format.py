@@ -1,0 +1,198 @@
+"""The state's byte formats: root page, run index page and run pages refuse every bad byte
+with a FormatError naming the page and offset, never another exception or a wrong answer."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from headrace.codec import crc32
+from headrace.errors import ChecksumMismatch, FormatError
+from headrace.pipeline.state import BucketLSM, LSMConfig, page_id
+from headrace.pipeline.state.layout import Root, decode_index, encode_index
+from headrace.pipeline.state.pages import CODEC_NONE, CODEC_ZSTD, decode_page, encode_run
+from headrace.pipeline.state.zset import consolidate
+from headrace.reservoir import PageRunWriter, ReservoirReader, ReservoirStorage
+from headrace.store import LocalStore
+
+PID = page_id(5, 1, 77, 0)
+
+
+def kb(x: int) -> bytes:
+    return int(x).to_bytes(8, "big")
+
+
+def _table(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return consolidate(pa.table({
+        "key": pa.array([kb(k) for k in rng.integers(0, 1000, n)], pa.binary()),
+        "val": pa.array([b"v" * int(x) for x in rng.integers(0, 20, n)], pa.binary()),
+        "w": pa.array(rng.integers(1, 3, n), pa.int64())}))
+
+
+def _with_crc(body: bytes) -> bytes:
+    return body + struct.pack("<I", crc32(body))
+
+
+def _state(tmp_path, cfg: LSMConfig, batches: int = 3):
+    store = LocalStore(str(tmp_path / "s"), fsync=False)
+    storage = ReservoirStorage.open(store)
+    reader = None
+    for i in range(batches):
+        lsm = BucketLSM(reader, 5, 1, 77, cfg)
+        lsm.insert_updates(_table(300, i))
+        w = PageRunWriter(store, run_id=f"t{i}")
+        lsm.write(w)
+        storage.absorb([w.finish()])
+        reader = ReservoirReader.open(store, version=storage.checkpoint())
+    return store, storage, reader
+
+
+def _replace_page(store, storage, pid: int, data: bytes):
+    w = PageRunWriter(store, run_id=f"bad-{pid}")
+    w.write(pid, data)
+    storage.absorb([w.finish()])
+    return ReservoirReader.open(store, version=storage.checkpoint())
+
+
+def test_root_round_trips_and_every_bit_flip_is_refused(tmp_path):
+    cfg = LSMConfig(page_bytes=512, fanout=50, inline_fence_pages=3)
+    store, storage, reader = _state(tmp_path, cfg, batches=3)
+    good = bytes(reader.read(PID))
+    root = Root.from_bytes(good, pid=PID)
+    assert Root(root.next_seq, root.runs).to_bytes() == good
+    for pos in range(0, len(good), max(1, len(good) // 97)):
+        bad = bytearray(good)
+        bad[pos] ^= 0x10
+        with pytest.raises(FormatError, match=f"{PID:#x}"):
+            Root.from_bytes(bytes(bad), pid=PID)
+    # a corrupt root in the store: opening the bucket fails, naming the page
+    reader = _replace_page(store, storage, PID, good[:-5] + bytes([good[-5] ^ 1]) + good[-4:])
+    with pytest.raises(ChecksumMismatch, match=f"state page {PID:#x}.*bucket 77"):
+        BucketLSM(reader, 5, 1, 77, cfg)
+    storage.close()
+
+
+def _root_fields(good: bytes):
+    return bytearray(good[:-4])
+
+
+@pytest.mark.parametrize("offset,value,what", [
+    (0, b"XXXX", "magic"),
+    (4, b"\x02", "version"),
+    (8, struct.pack("<Q", 0), "next_seq"),
+    (16, struct.pack("<I", 10**6), "runs"),
+    (20, struct.pack("<I", 0), "inline pages"),
+    (32, struct.pack("<Q", 0), "first_seq 0"),  # run 0's first_seq
+    (32, struct.pack("<Q", 10**9), "next_seq"),  # run 0 past the counter
+    (40, struct.pack("<I", 0), "at least one page"),
+    (44, b"\x07", "kind"),
+    (45, b"\x05", "inline flag"),
+    (46, b"\x01", "reserved"),
+])
+def test_root_structure_is_checked_even_with_a_valid_crc(tmp_path, offset, value, what):
+    cfg = LSMConfig(page_bytes=512, fanout=50, inline_fence_pages=100)
+    _, storage, reader = _state(tmp_path, cfg, batches=2)
+    body = _root_fields(bytes(reader.read(PID)))
+    body[offset:offset + len(value)] = value
+    with pytest.raises(FormatError, match=what) as e:
+        Root.from_bytes(_with_crc(bytes(body)), pid=PID)
+    assert e.value.key.startswith(f"state page {PID:#x}")
+    assert e.value.offset is not None and e.value.offset >= offset - 16
+    storage.close()
+
+
+def test_overlapping_runs_and_unsorted_fences_are_refused(tmp_path):
+    cfg = LSMConfig(page_bytes=512, fanout=50, inline_fence_pages=100)
+    _, storage, reader = _state(tmp_path, cfg, batches=2)
+    good = bytes(reader.read(PID))
+    root = Root.from_bytes(good, pid=PID)
+    root.runs[1].first_seq = root.runs[0].first_seq + 1
+    with pytest.raises(FormatError, match="overlap"):
+        Root.from_bytes(root.to_bytes(), pid=PID)
+    root = Root.from_bytes(good, pid=PID)
+    f = root.runs[0].fences
+    f.firsts[0], f.lasts[0] = f.lasts[0], f.firsts[0]
+    with pytest.raises(FormatError, match="fence key 0"):
+        Root.from_bytes(root.to_bytes(), pid=PID)
+    storage.close()
+
+
+def test_random_root_mutations_with_valid_crc_raise_only_format_errors():
+    enc = encode_run(_table(800), 256, CODEC_NONE, 1)
+    from headrace.pipeline.state.layout import RunMeta
+    root = Root(100, [RunMeta(1, enc.pages, 0, True, enc.rows, enc.raw_bytes, len(enc.blob),
+                              enc.fences)])
+    good = root.to_bytes()
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        body = bytearray(good[:-4])
+        for _ in range(int(rng.integers(1, 4))):
+            body[int(rng.integers(0, len(body)))] = int(rng.integers(0, 256))
+        cut = int(rng.integers(len(body) - 8, len(body) + 1))
+        try:
+            Root.from_bytes(_with_crc(bytes(body[:cut])), pid=PID)
+        except FormatError:
+            pass
+
+
+def test_index_page_is_checked():
+    enc = encode_run(_table(800), 256, CODEC_ZSTD, 1)
+    good = encode_index(enc.fences)
+    f = decode_index(good, pid=PID, pages=enc.pages)
+    assert f.firsts.tolist() == enc.fences.firsts.tolist()
+    with pytest.raises(FormatError, match="holds"):
+        decode_index(good, pid=PID, pages=enc.pages + 1)
+    with pytest.raises(ChecksumMismatch):
+        decode_index(good[:10] + b"\xee" + good[11:], pid=PID, pages=enc.pages)
+    with pytest.raises(FormatError, match="magic"):
+        decode_index(_with_crc(b"HRLX" + good[4:-4]), pid=PID, pages=enc.pages)
+    with pytest.raises(FormatError, match="shorter"):
+        decode_index(b"\x00", pid=PID, pages=1)
+
+
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_ZSTD])
+def test_run_pages_round_trip_and_refuse_bad_bytes(codec):
+    t = _table(2000)
+    enc = encode_run(t, 1024, codec, 1)
+    assert enc.pages > 3
+    ends = np.cumsum(enc.sizes)
+    pages = [enc.blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    back = pa.Table.from_batches([decode_page(p, pid=PID + i + 1, first=enc.fences.firsts[i],
+                                              last=enc.fences.lasts[i])
+                                  for i, p in enumerate(pages)])
+    assert back.equals(t)
+    p = pages[1]
+    with pytest.raises(FormatError, match="do not match the fences"):
+        decode_page(p, pid=PID, first=enc.fences.firsts[0], last=enc.fences.lasts[0])
+    with pytest.raises(ChecksumMismatch, match=f"{PID:#x}"):
+        decode_page(p[:20] + bytes([p[20] ^ 1]) + p[21:], pid=PID)
+    rng = np.random.default_rng(2)
+    for _ in range(300):  # structure checked even when the checksum is right
+        body = bytearray(p[:-4])
+        for _ in range(int(rng.integers(1, 4))):
+            body[int(rng.integers(0, len(body)))] = int(rng.integers(0, 256))
+        try:
+            got = decode_page(_with_crc(bytes(body)), pid=PID)
+        except FormatError as e:
+            assert e.key.startswith(f"state page {PID:#x}")
+            continue
+        got.validate(full=True)  # whatever decodes is a well-formed Arrow batch
+
+
+def test_page_offsets_out_of_order_name_the_offset():
+    enc = encode_run(_table(50), 1 << 16, CODEC_NONE, 1)
+    page = bytearray(enc.blob[:-4])
+    rows = struct.unpack_from("<I", page, 8)[0]
+    koff_at = 16 + 8 * rows
+    struct.pack_into("<I", page, koff_at + 4 * 3, 10**6)  # key offset 3 jumps far ahead
+    with pytest.raises(FormatError, match="key offset 4 is out of order") as e:
+        decode_page(_with_crc(bytes(page)), pid=PID)
+    assert e.value.offset == koff_at + 4 * 4
+    page = bytearray(enc.blob[:-4])
+    struct.pack_into("<I", page, 12, 1 << 30)
+    with pytest.raises(FormatError, match="limit"):
+        decode_page(_with_crc(bytes(page)), pid=PID)
