@@ -415,3 +415,46 @@ def test_sides_and_buckets_do_not_share_pages(env):
     for i, x in enumerate((env.open(0, cfg, side=0), env.open(0, cfg, side=1),
                            env.open(1, cfg, side=0))):
         assert as_dict(x.lookup_many(pa.array([kb(1)], pa.binary()))) == {(kb(1), kb(i)): 1}
+
+
+def test_deletions_survive_merges_that_leave_older_runs(env):
+    """A merge of the newest runs that holds a tombstone but not the (bigger, older) run the
+    deleted rows live in must keep the tombstone: the deleted key stays deleted."""
+    cfg = LSMConfig(page_bytes=1024, fanout=3, tier_base_bytes=256)
+    lsm = env.open(0, cfg)
+    lsm.insert_updates(zset(list(range(2000)), [1] * 2000, [1] * 2000))  # a high-tier run
+    env.commit([lsm])
+    lsm = env.open(0, cfg)
+    lsm.delete_keys(pa.array([kb(5), kb(6)], pa.binary()))
+    env.commit([lsm])
+    merged = 0
+    for i in range(6):  # small runs: tier-0 merges that include the tombstone, not the base
+        lsm = env.open(0, cfg)
+        lsm.insert_updates(zset([3000 + i, 6], [1, 100 + i], [1, 1]))
+        merged += env.commit([lsm]).merges
+        got = as_dict(env.open(0, cfg).lookup_many(pa.array([kb(5), kb(6)], pa.binary())))
+        assert got == {(kb(6), kb(100 + j)): 1 for j in range(i + 1)}
+    lsm = env.open(0, cfg)
+    assert merged >= 2 and lsm.root.runs[0].rows == 2000  # the base run was never rewritten
+
+
+def test_a_later_task_on_the_worker_reuses_decoded_pages_and_checks_them(env):
+    """The worker's page cache: a second task's lookup of the same committed pages decodes
+    nothing, returns the same rows; a changed page (new version) is decoded afresh."""
+    from headrace.pipeline.state.cache import PAGES
+
+    cfg = LSMConfig(page_bytes=512)
+    lsm = BucketLSM(env.reader, OP, SIDE, 3, cfg, shared_cache=True)
+    t = zset(list(range(2000)), [1] * 2000, [1] * 2000)
+    lsm.insert_updates(t)
+    env.commit([lsm])
+    keys = pa.array([kb(k) for k in (5, 900, 1999)], pa.binary())
+    first = BucketLSM(env.reader, OP, SIDE, 3, cfg, shared_cache=True).lookup_many(keys)
+    hits = PAGES.hits
+    again = BucketLSM(env.reader, OP, SIDE, 3, cfg, shared_cache=True).lookup_many(keys)
+    assert PAGES.hits - hits == 3 and as_dict(again) == as_dict(first)
+    upd = BucketLSM(env.reader, OP, SIDE, 3, cfg, shared_cache=True)
+    upd.insert_updates(zset([900], [1], [-1]))
+    env.commit([upd])
+    after = BucketLSM(env.reader, OP, SIDE, 3, cfg, shared_cache=True).lookup_many(keys)
+    assert as_dict(after) == {k: v for k, v in as_dict(first).items() if k[0] != kb(900)}

@@ -38,46 +38,34 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from functools import reduce
 
 import pyarrow as pa
 
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
-from headrace.pipeline.decode import (
-    DEAD_LETTER_SCHEMA,
-    MAX_ENTRY_BYTES,
-    bad_entries_task,
-    decode,
-)
-from headrace.pipeline.names import BUCKET, SIDE, W
+from headrace.pipeline.decode import DEAD_LETTER_SCHEMA, MAX_ENTRY_BYTES
+from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
 from headrace.pipeline.plan import (
     Node,
     Operator,
     Sink,
     SourceTable,
-    consumers,
     fingerprint,
     make_operator,
     parse_schema,
-    spark_ddl,
 )
 from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress, progress_at
 from headrace.pipeline.tasks import (
     INLINE_MAX,
     KIND,
     PAYLOAD,
-    StageSpec,
     TaskContextSpec,
-    run_stage_partition,
-    schema_to_bytes,
-    stage_schema,
 )
 from headrace.store import CountingStore, open_store
 
 log = logging.getLogger("headrace.pipeline")
-DEFAULT_BUCKETS = 256
+DEFAULT_BUCKETS = 32  # key groups: the most tasks a stage can use; ~3M keys each at 100M
 
 
 class PipelineError(HeadraceError):
@@ -273,32 +261,11 @@ class Pipeline:
         return self.time
 
     def _range_df(self, after: int, through: int):
-        """Queue entries (after, through] as a DataFrame read by executors (the driver lists
-        the manifest only)."""
-        from headrace.buffer import list_entries
-
-        entries = [e for e in list_entries(self.store, f"{self.queue}/manifest", after)
-                   if e.sequence <= through]
-        if not entries or entries[-1].sequence != through:
-            raise PipelineError(f"queue {self.queue!r} no longer holds sequences "
-                                f"({after}, {through}] needed to recover")
-        meta = [(e.sequence, e.location, pickle.dumps(
-            [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata]))
-            for e in entries]
-        df = self.spark.createDataFrame(meta, "sequence long, location string, metadata binary")
-        url, manifest = self.root, f"{self.queue}/manifest"
-
-        def read(batches):
-            from headrace.spark.queue_source import read_batches
-
-            for b in batches:
-                todo = [(seq, loc, pickle.loads(md)) for seq, loc, md in
-                        zip(*(b.column(i).to_pylist() for i in range(3)), strict=True)]
-                for rb in read_batches(url, manifest, manifest.rpartition("/")[0], todo):
-                    yield rb.select(["sequence", "index", "entry"])
-
-        return df.repartition(min(len(meta), self.partitions)).mapInArrow(
-            read, "sequence long, index int, entry binary")
+        try:
+            return range_df(self.spark, self.store, self.root, self.queue, after, through,
+                            self.partitions)
+        except RangeGone as e:
+            raise PipelineError(str(e)) from e
 
     # ---- one micro-batch ---------------------------------------------------------------
     def process_entries(self, entries: pa.Table) -> None:
@@ -382,75 +349,24 @@ class Pipeline:
     # ---- the Spark job of a micro-batch ------------------------------------------------
     def _run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
                     shards: set[str]) -> dict:
-        """Run every operator over the entries in one Spark job; return the control rows."""
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
-        sources = [n for n in self.nodes if isinstance(n, SourceTable)]
-        # every table's branch and the bad-entry branch read the entries: fetch them once
-        entries_df = entries_df.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted = [entries_df]
-        frames, bad = decode(entries_df, sources, self.max_entry_bytes)
+        """Run every operator over the entries in one Spark job; absorb its control rows."""
         ctx = TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
                               run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}", cache_dir=self.cache_dir,
                               write_state=write_state, backend=self.state_backend,
                               local_root=self.local_root, pipeline=self.name,
                               indexes=self._state_indexes(state_version), checkpoint_id=f"t{t}")
-        wanted = {id(s.node): [x.shard for x in self.sinks if x.node is s.node
-                               and x.shard in shards] for s in self.sinks}
-        dead = self.dead_letter_shard if self.dead_letter_shard in shards else None
         # tasks upload parts under the driver's writer of each shard (registered once, its
         # lease refreshed by every link), so no sweep deletes them before they are linked
         writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
-        control = [bad.mapInArrow(bad_entries_task(
-            {s.table: schema_to_bytes(s.schema) for s in sources}, self.max_entry_bytes, dead,
-            writer_ids.get(dead), self.root, self.persist.root, t,
-            self.output_inline_max),
-            f"`{KIND}` string, `{PAYLOAD}` binary")]
-        try:
-            for node in self.nodes:
-                if not isinstance(node, Operator):
-                    continue
-                inputs = []
-                for i, src in enumerate(node.sources):
-                    frame = frames.get(src.name)
-                    if frame is None:
-                        frame = self.spark.createDataFrame(
-                            [], spark_ddl(src.schema) + f", `{W}` long")
-                    frame = frame.withColumn(BUCKET, self._bucket_expr(node.bucket_columns[i]))
-                    if len(node.sources) == 2:
-                        frame = frame.withColumn(SIDE, F.lit(i))
-                    inputs.append(frame)
-                frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), inputs)
-                downstream = bool(consumers(self.nodes, node))
-                spec = StageSpec(op=node.op, kind=node.kind,
-                                 inputs=[schema_to_bytes(s.schema) for s in node.sources],
-                                 output=schema_to_bytes(node.schema), params=node.params,
-                                 emit_rows=downstream, sinks=wanted.get(id(node), []), time=t,
-                                 persist_root=self.persist.root, writer_ids=writer_ids,
-                                 inline_max=self.output_inline_max)
-                full = stage_schema(node.schema)
-                out = frame.repartition(self.partitions, BUCKET).mapInArrow(
-                    _task_fn(spec, ctx), spark_ddl(full))
-                if downstream:  # the next operator reads the data rows from executor memory
-                    out = out.persist(StorageLevel.MEMORY_AND_DISK)
-                    persisted.append(out)
-                    frames[node.name] = out.filter(F.col(KIND).isNull()).select(
-                        *[F.col(f"`{c}`") for c in node.schema.names], F.col(W))
-                control.append(out.filter(F.col(KIND).isNotNull()).select(KIND, PAYLOAD))
-            rows = reduce(lambda a, b: a.union(b), control).toArrow() if control else None
-        finally:
-            for df in persisted:
-                df.unpersist()
+        rows = run_stages(
+            self.spark, self.nodes, entries_df, ctx, t=t, partitions=self.partitions,
+            buckets=self.buckets, sinks={id(s.node): [x.shard for x in self.sinks
+                                                      if x.node is s.node and x.shard in shards]
+                                         for s in self.sinks},
+            writer_ids=writer_ids, persist_root=self.persist.root,
+            inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
+            dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None)
         return self._absorb_control(rows)
-
-    def _bucket_expr(self, columns: list[str]):
-        from pyspark.sql import functions as F
-
-        if not columns:
-            return F.lit(0)
-        return F.pmod(F.xxhash64(*[F.col(f"`{c}`") for c in columns]),
-                      F.lit(self.buckets)).cast("int")
 
     def _absorb_control(self, rows: pa.Table | None) -> dict:
         runs, indexes, outputs = [], {}, OutputCollector()
@@ -543,15 +459,3 @@ def _first_error_line(e: Exception) -> str:
         return ours[-1][:500]
     errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln or "Fault:" in ln]
     return (errors[-1] if errors else (lines[0] if lines else repr(e)))[:500]
-
-
-def _task_fn(spec: StageSpec, ctx: TaskContextSpec):
-    def fn(batches):
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        pid = tc.partitionId() if tc else 0
-        attempt = tc.attemptNumber() if tc else 0
-        yield from run_stage_partition(batches, spec, ctx, pid, attempt)
-
-    return fn

@@ -124,7 +124,7 @@ class _States:
         from headrace.spark.local_state import LocalBackupBucketState, bucket_key
 
         if not self.local:
-            return BucketLSM(self.reader, self.spec.op, side, bucket)
+            return BucketLSM(self.reader, self.spec.op, side, bucket, shared_cache=True)
         key = bucket_key(self.spec.op, side, bucket)
         return LocalBackupBucketState(self.ctx.local_root, self.store, self.ctx.pipeline,
                                       self.spec.op, side, bucket, self.ctx.indexes.get(key))

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.state.cache import PAGES
 from headrace.pipeline.state.layout import (
     KIND_DATA,
     KIND_TOMBSTONE,
@@ -42,6 +43,11 @@ from headrace.pipeline.state.zset import (
 )
 
 _SCAN_CHUNK_BYTES = 256 * 1024
+
+
+def _fences_match(page: pa.RecordBatch, first, last) -> bool:
+    keys = page.column(0)
+    return page.num_rows > 0 and keys[0].as_py() == first and keys[-1].as_py() == last
 
 
 @dataclass(frozen=True)
@@ -114,12 +120,15 @@ class BucketLSM:
     """The StateSpine of one (operator, side, bucket) as of the reader's state version."""
 
     def __init__(self, reader, op: int, side: int, bucket: int,
-                 config: LSMConfig | None = None):
+                 config: LSMConfig | None = None, *, shared_cache: bool = False):
         self.op, self.side, self.bucket = op, side, bucket
         self.config = config or LSMConfig()
         self.root_id = page_id(op, side, bucket, 0)
         self.pages_read = 0  # reader reads: root, run index pages, run pages
         self._reader = reader
+        # pages are shared through the worker's PageCache only for a real reservoir reader
+        self._shared = getattr(reader, "prefix", None) if shared_cache else None
+        self._stream = (getattr(getattr(reader, "store", None), "url", ""), self._shared)
         self._decoded: dict[int, pa.RecordBatch] = {}  # pages this task decoded (∝ its delta)
         self._pending: list[pa.Table] = []  # this task's inserts, minus later-deleted keys
         self._deleted: pa.Array | None = None  # keys this task deleted (sorted, distinct)
@@ -145,7 +154,17 @@ class BucketLSM:
         t = self._decoded.get(pid)
         if t is None:
             f = self._fences(run)
-            t = decode_page(self._read(pid), pid=pid, first=f.firsts[i], last=f.lasts[i])
+            raw = self._read(pid)
+            key = None
+            if self._shared is not None:  # the worker's cache of decoded pages
+                key = (self._stream, pid, bytes(raw[-4:]), len(raw))
+                t = PAGES.get(key)
+                if t is not None and not _fences_match(t, f.firsts[i], f.lasts[i]):
+                    t = None
+            if t is None:
+                t = decode_page(raw, pid=pid, first=f.firsts[i], last=f.lasts[i])
+                if key is not None:
+                    PAGES.put(key, t)
             if keep:
                 self._decoded[pid] = t
         return t
@@ -187,7 +206,7 @@ class BucketLSM:
         tomb = np.array(kinds, np.int64)[rpos] == KIND_TOMBSTONE
         if tomb.any():
             t, rpos = _drop_deleted(t, rpos, tomb)
-        if False:
+        if self._deleted is not None and t.num_rows:
             gone = pc.is_in(t.column("key"), value_set=self._deleted)
             t = t.filter(pc.invert(gone))
         return t

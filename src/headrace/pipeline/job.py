@@ -1,0 +1,133 @@
+"""The Spark job of one micro-batch: decode, then per operator bucket + shuffle + kernel.
+
+Every operator's output stays on the executors (a persisted DataFrame the next operator reads);
+one collect of the union of every stage's control rows (and of the bad-entry branch) runs the
+whole graph as one Spark job. Only those control rows reach the driver.
+"""
+
+from __future__ import annotations
+
+import pickle
+from functools import reduce
+
+import pyarrow as pa
+
+from headrace.pipeline.decode import bad_entries_task, decode
+from headrace.pipeline.names import BUCKET, SIDE, W
+from headrace.pipeline.plan import Node, Operator, SourceTable, consumers, spark_ddl
+from headrace.pipeline.tasks import (
+    KIND,
+    PAYLOAD,
+    StageSpec,
+    TaskContextSpec,
+    run_stage_partition,
+    schema_to_bytes,
+    stage_schema,
+)
+
+
+class RangeGone(LookupError):
+    """The queue no longer holds a range recovery needs."""
+
+
+def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t: int,
+               partitions: int, buckets: int, sinks: dict[int, list[str]],
+               writer_ids: dict[str, str], persist_root: str, inline_max: int,
+               max_entry_bytes: int, dead_letter: str | None) -> pa.Table | None:
+    """Build and run the micro-batch's job; return the control rows (KIND, PAYLOAD).
+    ``sinks``: id(operator node) -> the shards its output is written to in this run."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    sources = [n for n in nodes if isinstance(n, SourceTable)]
+    # every table's branch and the bad-entry branch read the entries: fetch them once
+    entries_df = entries_df.persist(StorageLevel.MEMORY_AND_DISK)
+    persisted = [entries_df]
+    frames, bad = decode(entries_df, sources, max_entry_bytes)
+    control = [bad.mapInArrow(bad_entries_task(
+        {s.table: schema_to_bytes(s.schema) for s in sources}, max_entry_bytes, dead_letter,
+        writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
+        f"`{KIND}` string, `{PAYLOAD}` binary")]
+    try:
+        for node in nodes:
+            if not isinstance(node, Operator):
+                continue
+            inputs = []
+            for i, src in enumerate(node.sources):
+                frame = frames.get(src.name)
+                if frame is None:
+                    frame = spark.createDataFrame([], spark_ddl(src.schema) + f", `{W}` long")
+                frame = frame.withColumn(BUCKET, bucket_expr(node.bucket_columns[i], buckets))
+                if len(node.sources) == 2:
+                    frame = frame.withColumn(SIDE, F.lit(i))
+                inputs.append(frame)
+            frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), inputs)
+            downstream = bool(consumers(nodes, node))
+            spec = StageSpec(op=node.op, kind=node.kind,
+                             inputs=[schema_to_bytes(s.schema) for s in node.sources],
+                             output=schema_to_bytes(node.schema), params=node.params,
+                             emit_rows=downstream, sinks=sinks.get(id(node), []), time=t,
+                             persist_root=persist_root, writer_ids=writer_ids,
+                             inline_max=inline_max)
+            out = frame.repartition(partitions, BUCKET).mapInArrow(
+                task_fn(spec, ctx), spark_ddl(stage_schema(node.schema)))
+            if downstream:  # the next operator reads the data rows from executor memory
+                out = out.persist(StorageLevel.MEMORY_AND_DISK)
+                persisted.append(out)
+                frames[node.name] = out.filter(F.col(KIND).isNull()).select(
+                    *[F.col(f"`{c}`") for c in node.schema.names], F.col(W))
+            control.append(out.filter(F.col(KIND).isNotNull()).select(KIND, PAYLOAD))
+        return reduce(lambda a, b: a.union(b), control).toArrow()
+    finally:
+        for df in persisted:
+            df.unpersist()
+
+
+def bucket_expr(columns: list[str], buckets: int):
+    """The state bucket of a row: ``pmod(xxhash64(key), buckets)``; Spark's xxhash64 hashes
+    -0.0 like 0.0 and every NaN alike, so SQL-equal keys meet. No key: bucket 0."""
+    from pyspark.sql import functions as F
+
+    if not columns:
+        return F.lit(0)
+    return F.pmod(F.xxhash64(*[F.col(f"`{c}`") for c in columns]), F.lit(buckets)).cast("int")
+
+
+def task_fn(spec: StageSpec, ctx: TaskContextSpec):
+    def fn(batches):
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        pid = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+        yield from run_stage_partition(batches, spec, ctx, pid, attempt)
+
+    return fn
+
+
+def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int):
+    """Queue entries (after, through] as a DataFrame read by executors (the driver lists the
+    manifest only)."""
+    from headrace.buffer import list_entries
+
+    manifest = f"{queue}/manifest"
+    entries = [e for e in list_entries(store, manifest, after) if e.sequence <= through]
+    if not entries or entries[-1].sequence != through:
+        raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
+                        "needed to recover")
+    meta = [(e.sequence, e.location, pickle.dumps(
+        [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata]))
+        for e in entries]
+    df = spark.createDataFrame(meta, "sequence long, location string, metadata binary")
+
+    def read(batches):
+        from headrace.spark.queue_source import read_batches
+
+        for b in batches:
+            todo = [(seq, loc, pickle.loads(md)) for seq, loc, md in
+                    zip(*(b.column(i).to_pylist() for i in range(3)), strict=True)]
+            for rb in read_batches(url, manifest, manifest.rpartition("/")[0], todo):
+                yield rb.select(["sequence", "index", "entry"])
+
+    return df.repartition(min(len(meta), partitions)).mapInArrow(
+        read, "sequence long, index int, entry binary")
