@@ -408,6 +408,7 @@ def _sweep(work: Path, quick: bool, t: Tally) -> None:
     r = corruption_sweep(work / "sweep", quick)
     t.n["mutations"] += r.mutations
     t.n["silent_wrong_reads"] += r.silent_wrong_reads
+    t.n["unchecked_wrong_reads_rfc_none_batches"] += r.unchecked_wrong_reads
     t.n["untyped_errors"] += r.untyped_errors
     for k, v in r.by_type.items():
         ftype, outcome = k.split(":")

@@ -41,6 +41,9 @@ class SweepResult:
     right: int = 0
     typed: int = 0
     silent_wrong_reads: int = 0
+    # wrong reads of a format that has no integrity check by design (RFC 0001's uncompressed
+    # "none" batch; headrace's producers write zstd batches, whose frames carry a checksum)
+    unchecked_wrong_reads: int = 0
     untyped_errors: int = 0
     by_type: Counter = field(default_factory=Counter)  # "type:outcome" -> count
     examples: list[str] = field(default_factory=list)
@@ -109,6 +112,8 @@ def sweep(target: Target, budget: int, files_per_type: int, rng: random.Random,
                     bad = orig[:off]
                 path.write_bytes(bad)
                 outcome = _classify(target.read, want)
+                if outcome == "silent_wrong_reads" and ftype.endswith("_unchecked"):
+                    outcome = "unchecked_wrong_reads"
                 result.mutations += 1
                 setattr(result, outcome, getattr(result, outcome) + 1)
                 result.by_type[f"{target.component}/{ftype}:{outcome}"] += 1
@@ -158,9 +163,13 @@ def buffer_target(root: Path) -> Target:
                                data_path_prefix="ingest")
         return [(b.sequence, b.location, list(b.entries), repr(b.metadata)) for b in batches]
 
+    def batches(compressed: bool) -> list[Path]:  # the footer's compression byte (@-7)
+        return [f for f in sorted((root / "ingest").glob("*.batch"))
+                if (f.read_bytes()[-7] != 0) == compressed]
+
     return Target("buffer", root, lambda: {
         "queue_manifest": [root / "ingest" / "manifest"],
-        "batch": sorted((root / "ingest").glob("*.batch"))}, read)
+        "batch": batches(True), "batch_none_unchecked": batches(False)}, read)
 
 
 def _reservoir_write(store, opts, rounds: int) -> None:

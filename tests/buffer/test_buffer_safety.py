@@ -187,7 +187,9 @@ def test_cli_queue_skip_and_verify(tmp_path):
     store.delete(locations[1])
     runner = CliRunner()
     res = runner.invoke(cli, ["queue", "verify", url])
-    assert res.exit_code == 1 and "sequence 1" in res.output and locations[1] in res.output
+    # exit 2: something named is missing (one line, with the hint of MissingBatch)
+    assert res.exit_code == 2 and "sequence 1" in res.output and locations[1] in res.output
+    assert "queue skip" in res.output and "restore the batch file" in res.output
     res = runner.invoke(cli, ["queue", "skip", url, "2", "--reason", "x"])
     assert res.exit_code == 1 and "reads fine" in res.output
     res = runner.invoke(cli, ["queue", "skip", url, "1", "--reason", "lost in incident 42"])

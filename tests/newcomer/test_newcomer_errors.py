@@ -24,6 +24,8 @@ def test_a_missing_path_is_exit_2_one_line_and_is_not_created(tmp_path):
              ["shard", "ls", m], ["shard", "inspect", m, "s"], ["shard", "read", m, "s"],
              ["shard", "verify", m, "s"], ["shard", "gc", m],
              ["spine", "inspect", m], ["spine", "verify", m], ["spine", "dump", m, "x"],
+             ["queue", "inspect", m], ["queue", "inspect", m, "--json"], ["queue", "verify", m],
+             ["queue", "stats", m], ["queue", "gc", m], ["queue", "skip", m, "0", "--reason", "r"],
              ["status", f"file://{m}"]]
     for argv, res in zip(argvs, run_all(argvs), strict=True):
         assert res.returncode == 2, (argv, res.returncode, res.stderr)
@@ -47,6 +49,14 @@ def test_missing_things_inside_a_store_are_named_with_what_exists(populated):
         (["spine", "dump", spine, "nope"], "spine 'nope'", "counts"),
         (["spine", "inspect", spine, "--checkpoint", "nope"], "checkpoint 'nope'",
          "checkpoints here"),
+        # a queue that is not there is not an empty queue (and gc must not take every batch
+        # file for unreferenced)
+        (["queue", "inspect", root, "--manifest-path", "nope/manifest"],
+         "queue manifest 'nope/manifest'", "queues here: ingest/manifest"),
+        (["queue", "verify", root, "--manifest-path", "nope/manifest", "--json"],
+         "queue manifest 'nope/manifest'", "ingest/manifest"),
+        (["queue", "gc", root, "--manifest-path", "ingest/manifest2", "--grace-period-s", "0"],
+         "queue manifest 'ingest/manifest2'", "ingest/manifest"),
     ]
     for (argv, named, hint), res in zip(cases, run_all([c[0] for c in cases]), strict=True):
         assert res.returncode == 2, (argv, res.stderr)

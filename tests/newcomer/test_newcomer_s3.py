@@ -28,3 +28,14 @@ def test_status_on_s3(s3_url):
     assert [(q["queue"], q["length"]) for q in doc["queues"]] == [("ingest", 1)]
     for out in (empty.stderr, res.stdout, res.stderr):
         assert "secret_access_key=testing" not in out and "access_key_id=testing" not in out
+
+
+def test_a_missing_bucket_is_exit_2_and_one_line_naming_it(moto_server):
+    url = moto_server.url("no-such-bucket-newcomer")
+    argvs = [("status", url), ("queue", "inspect", url), ("shard", "ls", url, "--json")]
+    for argv in argvs:
+        res = run(*argv)
+        assert res.returncode == 2, (argv, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "bucket 'no-such-bucket-newcomer' does not exist" in lines[0]
+        assert "<" not in lines[0] and "testing" not in lines[0] and res.stdout == ""

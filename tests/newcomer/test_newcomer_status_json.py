@@ -43,6 +43,8 @@ def test_every_read_command_prints_json_and_changes_nothing(populated):
              ["store", "ls", root, "--json"],
              ["store", "cat", root, "ingest/manifest", "--json"],
              ["queue", "inspect", root, "--json"],
+             ["queue", "verify", root, "--json"],
+             ["queue", "stats", root, "--json"],
              ["reservoir", "inspect", root, "--stream", "sales.state", "--json"],
              ["reservoir", "verify", root, "--stream", "sales.state", "--json"],
              ["shard", "ls", root, "--json"],
@@ -68,6 +70,9 @@ def test_every_read_command_prints_json_and_changes_nothing(populated):
         ("orders", True, 3, 6)
     assert docs["spine", "verify"]["ok"] and docs["spine", "verify"]["batches_verified"] >= 1
     assert docs["spine", "dump"]["rows"] == 10
+    assert docs["queue", "inspect"]["entry_count"] == 3
+    assert (docs["queue", "verify"]["ok"], docs["queue", "verify"]["records"]) == (True, 3)
+    assert (docs["queue", "stats"]["queue_length"], docs["queue", "stats"]["batch_files"]) == (3, 3)
     assert "counts" in docs["spine", "inspect"]["spines"]
     keys = {o["key"] for o in docs["store", "ls"]["objects"]}
     assert "ingest/manifest" in keys and not any(k.startswith(".hr") for k in keys)
@@ -96,3 +101,20 @@ def test_tables_are_not_cut_when_piped(populated):
         assert LONG_SHARD in res.stdout  # whole, on one line, not cut at 80 columns
     assert "through seq 1 (1 pending)" in status.stdout
     assert "ck-1" in status.stdout
+
+
+def test_read_commands_do_not_create_the_lock_folder(populated, tmp_path):
+    """A store copied without its hidden files (or written by another tool) has no `.hrlocks/`;
+    old read commands created it (LocalStore made it when opened)."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(populated["root"], root, ignore=shutil.ignore_patterns(".hr*"))
+    before = tree(root)
+    r = str(root)
+    argvs = [["status", r, "--json"], ["queue", "inspect", r], ["queue", "verify", r],
+             ["queue", "stats", r], ["shard", "read", r, "orders"], ["shard", "verify", r, "orders"],
+             ["reservoir", "verify", r, "--stream", "sales.state"], ["store", "ls", r]]
+    for argv, res in zip(argvs, run_all(argvs), strict=True):
+        assert res.returncode == 0, (argv, res.stderr)
+    assert tree(root) == before and not (root / ".hrlocks").exists()

@@ -180,3 +180,39 @@ def test_bad_times_are_typed_errors(tmp_path):
                  lambda: next(reader.listen(None)), lambda: client.open_reader("s", as_of="0")):
         with pytest.raises((InvalidBounds, InvalidInput)):
             call()
+
+
+def test_lease_free_read_writes_nothing_and_reads_right(store):
+    """``read_only(shard, lease=False)``: what tools that must not write (the CLI) read with.
+    The leased one-shot read puts two state versions; this one puts none."""
+    from headrace.store import CountingStore
+
+    fill(PersistClient(store))
+    counted = CountingStore(store)
+    client = PersistClient(counted)
+    reader = client.read_only("s", lease=False)
+    assert contents(reader.snapshot(3)) == Counter({3: 1})
+    ups = reader.updates_between(4, 6)
+    assert sorted(ups.column("k").to_pylist()) == [3, 4, 4, 5]
+    assert counted.counts()["puts"] == 0 and counted.counts()["deletes"] == 0
+    client.read_only("s").snapshot(3)
+    assert counted.counts()["puts"] == 2  # the leased read, for comparison
+    with pytest.raises(InvalidInput, match="lease"):
+        client.read_only("s", lease="no")
+
+
+def test_lease_free_read_racing_compaction_and_sweep_raises_since_violation(store):
+    """Holding nothing, the read cannot stop compaction: it must notice (since re-checked after
+    the parts were read) and fail, never return the compacted contents."""
+    fill(PersistClient(store))
+    hooked = HookStore(store)
+    seen: list = []
+    hooked.when("get", is_part, compact_and_sweep_at_since(store, 8, seen))
+    reader = PersistClient(hooked).read_only("s", lease=False)
+    with pytest.raises(SinceViolation) as ei:
+        reader.snapshot(3)
+    assert hooked.fired, "the race did not happen"
+    assert (ei.value.as_of, ei.value.since) == (3, 8) and seen == [8]
+    with pytest.raises(SinceViolation):  # and a new read at 3 is refused up front
+        reader.snapshot(3)
+    assert contents(reader.snapshot(8)) == Counter({8: 1})

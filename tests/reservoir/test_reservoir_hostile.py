@@ -155,3 +155,33 @@ def test_a_file_larger_than_the_cache_is_read_around_it(tmp_path):
     assert cache.metrics()["downloads"] == 0  # a ranged GET per read, no whole-file download
     assert store.counts()["gets"] == 3
     cache.close()
+
+
+@pytest.mark.parametrize("stream", ["../x", "/abs", "a/b", ".hidden", "", "x" * 200, 7])
+def test_a_bad_stream_name_is_invalid_input_naming_it_and_writes_nothing(tmp_path, stream):
+    """Torture case reservoir_stream_dotdot: was a plain ValueError."""
+    from headrace.errors import InvalidInput
+    from headrace.reservoir.options import check_stream_name
+
+    store = LocalStore(tmp_path / "s")
+    with pytest.raises(InvalidInput, match="stream") as ei:
+        ReservoirStorage.open(store, stream=stream)
+    assert repr(stream)[:60] in str(ei.value)
+    with pytest.raises(InvalidInput, match="stream"):
+        check_stream_name(stream)
+    assert list(store.list("")) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # nothing beside the store
+
+
+def test_run_ids_versions_and_options_are_invalid_input_naming_the_field(tmp_path):
+    from headrace.errors import InvalidInput
+    from headrace.reservoir.runs import PageRunWriter
+
+    store = LocalStore(tmp_path / "s")
+    for bad in ("", None, 5):
+        with pytest.raises(InvalidInput, match="run_id"):
+            PageRunWriter(store, "s", run_id=bad)
+    with pytest.raises(InvalidInput, match="version"):
+        ReservoirStorage.open(store, stream="s", version=3)
+    with pytest.raises(InvalidInput, match=r"ReservoirOptions\.max_file_size"):
+        ReservoirOptions(max_file_size=1)

@@ -112,3 +112,39 @@ def test_config_errors_are_invalid_input_naming_the_field(kwargs, field):
 def test_gc_keep_below_two_is_invalid_input(tmp_path):
     with Circuit.open(tmp_path, "fp") as c, pytest.raises(InvalidInput, match="keep"):
         c.gc_checkpoint(keep=1)
+
+
+def test_a_merge_bound_of_the_wrong_type_is_invalid_input_naming_it():
+    """Torture case spine_lower_bound_wrong_type: raised ArrowNotImplementedError."""
+    ints = Batch.from_pydict([1, 2, 3], [0, 0, 0], [1, 1, 1])
+    for bad in ("x", b"x", 2.5, True):
+        with pytest.raises(InvalidInput, match=r"Batch\.merge: lower bound") as ei:
+            Batch.merge([ints], lower_bound=bad)
+        assert repr(bad) in str(ei.value)
+    strs = Batch.from_arrow(pa.table({"key": pa.array(["a", "b"], pa.large_string()),
+                                      "val": pa.array([0, 0], pa.int64()),
+                                      "w": pa.array([1, 1], pa.int64())}))
+    with pytest.raises(InvalidInput, match="lower bound 5"):
+        Batch.merge([strs], lower_bound=5)
+    assert Batch.merge([ints], lower_bound=2).to_table().column("key").to_pylist() == [2, 3]
+    assert Batch.merge([strs], lower_bound="b").to_table().column("key").to_pylist() == ["b"]
+
+
+def test_reservoir_batch_store_arguments_are_invalid_input(tmp_path, monkeypatch):
+    from headrace.spine import reservoir_store
+    from headrace.spine.reservoir_store import ReservoirBatchStore
+
+    for bad in (100, "4096", 4096.0):
+        with pytest.raises(InvalidInput, match="page_bytes"):
+            ReservoirBatchStore(str(tmp_path / "r"), page_bytes=bad)
+    with pytest.raises(InvalidInput, match=r"'\.\./x'"):
+        ReservoirBatchStore(str(tmp_path / "r"), stream="../x")
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setattr(reservoir_store, "MAX_PAGES_PER_BATCH", 1)
+    bs = ReservoirBatchStore(str(tmp_path / "r"), page_bytes=4096)
+    try:
+        big = Batch.from_pydict(list(range(5000)), [0] * 5000, [1] * 5000)
+        with pytest.raises(InvalidInput, match="raise page_bytes"):
+            bs.write_batch(big)
+    finally:
+        bs.close()

@@ -62,7 +62,9 @@ class ProducerConfig:
     flush_interval_s: float = 0.1
     flush_size_bytes: int = 64 * 1024 * 1024
     max_buffered_inputs: int = 1000
-    batch_compression: str = "none"  # "none" | "zstd"
+    # "zstd" (level 3): the frame's content checksum catches a damaged batch. "none" is RFC 0001's
+    # uncompressed batch, still read, but it has no integrity check (docs/guarantees.md)
+    batch_compression: str = "zstd"
     retry: RetryPolicy | None = None  # transient store errors on batch uploads
     cas_retry: RetryPolicy | None = None  # manifest compare-and-set loop
     # the collector's grace period: a batch file is appended only within half of it after it

@@ -37,8 +37,11 @@ class MissingBatch(NotFound):
     """A queue entry whose batch file is gone: the consumer stays at it until it is skipped.
 
     Also a ``NotFound`` (and ``FileNotFoundError``): code that caught the raw store error keeps
-    working, but this one names the entry.
+    working, but this one names the entry. ``hint`` is what the CLI prints after it.
     """
+
+    hint = ("restore the batch file if a copy exists; otherwise the skip is the way past it, "
+            "recorded for audit")
 
     def __init__(self, manifest_path: str, sequence: int, location: str):
         super().__init__(location)

@@ -1,8 +1,9 @@
 """What every command shares: opening a store without creating it, "not found" errors that name
 the missing thing, tables that are not cut when piped, and JSON output.
 
-Read commands open their store with :func:`open_existing_store`: ``LocalStore`` creates its
-folder when constructed, so a mistyped path must be caught before it is opened.
+Read commands open their store with :func:`open_existing_store`: a mistyped path is caught
+before it is opened, and an existing folder is opened with ``create=False`` (no ``.hrlocks/``).
+Persist shards are read with ``read_only(shard, lease=False)``: a read command writes nothing.
 """
 
 from __future__ import annotations
@@ -97,32 +98,12 @@ def open_existing_store(url: str) -> ObjectStore:
         if not _holds_objects(path):
             raise Missing("store", str(path), detail="the folder holds no object",
                           hint=_NO_STORE_HINT)
-        return open_store(url)
+        return open_store(url, create=False)  # no .hrlocks/ either: a read creates nothing
     store = open_store(url)
     if next(iter(store.list("")), None) is None:
         raise Missing("store", redact_url(url), detail="nothing is stored under it",
                       hint=_NO_STORE_HINT)
     return store
-
-
-def snapshot_without_lease(client, shard: str, as_of: int):
-    """The consolidated contents of ``shard`` at ``as_of``, read without writing anything.
-
-    ``PersistClient.read_only`` takes a lease for each read (two compare-and-sets on the
-    shard), which a read command must not do. This read is optimistic instead: fetch the state,
-    read its parts (``read_range`` refetches if compaction swept one meanwhile), then check that
-    since did not pass ``as_of`` while reading, as the leased read does after its fetch."""
-    from headrace.persist import SinceViolation
-    from headrace.persist.parts import consolidate
-
-    state = client.state(shard)
-    if as_of < state.since:
-        raise SinceViolation(shard, as_of, state.since, "compacted: read at since or later")
-    updates, _ = client.read_range(state, 0, as_of + 1)
-    since = client.state(shard).since
-    if as_of < since:
-        raise SinceViolation(shard, as_of, since, "compacted while it was read; read again")
-    return consolidate(updates, keep_time=False)
 
 
 def out_console() -> Console:

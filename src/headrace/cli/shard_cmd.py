@@ -12,7 +12,6 @@ from headrace.cli.common import (
     json_option,
     open_existing_store,
     out_console,
-    snapshot_without_lease,
 )
 from headrace.errors import InvalidInput
 
@@ -118,7 +117,8 @@ def read(url: str, shard: str, as_of: int | None, limit: int, as_json: bool) -> 
     if as_of < state.since:
         raise InvalidInput(f"--as-of {as_of} is below shard {shard!r}'s since {state.since}: "
                            "those times are compacted; use a time from since on")
-    snap = snapshot_without_lease(client, shard, as_of)
+    # lease-free: a read command writes nothing; a compaction racing it is a SinceViolation
+    snap = client.read_only(shard, lease=False).snapshot(as_of, timeout_s=0)
     shown = snap if limit == 0 else snap.slice(0, limit)
     if as_json:
         echo_json({"shard": shard, "as_of": as_of, "rows": snap.num_rows,

@@ -28,7 +28,6 @@ from headrace.cli.common import (
     json_option,
     open_existing_store,
     out_console,
-    snapshot_without_lease,
 )
 from headrace.errors import HeadraceError
 from headrace.store import ObjectStore
@@ -135,8 +134,9 @@ def _pipelines(client, shards: list[dict], streams: list[dict],
         name = sh["shard"][: -len(_PROGRESS)]
         upper = sh["upper"] or 0
         p: dict = {"pipeline": name, "progress_shard": sh["shard"], "batches": upper}
-        try:  # pipeline.progress.progress_at, minus the read lease it takes
-            snap = snapshot_without_lease(client, sh["shard"], upper - 1) if upper else None
+        try:  # pipeline.progress.progress_at, minus the read lease it takes (writes nothing)
+            snap = client.read_only(sh["shard"], lease=False).snapshot(
+                upper - 1, timeout_s=0) if upper else None
             bindings = {} if snap is None else {
                 r["source"]: r["address"] for r in snap.select(["source", "address"]).to_pylist()}
         except _READ_ERRORS as e:

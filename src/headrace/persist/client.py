@@ -177,9 +177,18 @@ class PersistClient(PrometheusExport):
         driver's reader): no registration, no CAS; reads still re-check since afterwards."""
         return ReadHandle(self, self.machine(shard), reader_id, "attached")
 
-    def read_only(self, shard: str, *, lease_s: float = DEFAULT_LEASE_S) -> ReadHandle:
-        """A handle for one-off reads (CLI, tools): each read registers a leased reader at the
-        current since for as long as it runs and expires it after (two CASes per read)."""
+    def read_only(self, shard: str, *, lease: bool = True,
+                  lease_s: float = DEFAULT_LEASE_S) -> ReadHandle:
+        """A handle for one-off reads (tools). ``lease=True``: each read registers a leased
+        reader at the current since for as long as it runs and expires it after (two CASes per
+        read), so compaction waits for it. ``lease=False``: for tools that must not write (the
+        CLI): nothing is written; each read fetches the state, reads its parts and checks since
+        again after, and if since passed what the read needs meanwhile it raises SinceViolation
+        (read again) — never data compaction changed."""
+        if not isinstance(lease, bool):
+            raise InvalidInput(f"lease must be True or False, got {lease!r}")
+        if not lease:
+            return ReadHandle(self, self.machine(shard), None, "lease-free")
         _lease_ms(lease_s, "lease_s")
         return ReadHandle(self, self.machine(shard), None, "one-shot", lease_s)
 

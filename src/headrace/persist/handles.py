@@ -7,6 +7,8 @@ long as it reads: a leased reader (registered, heartbeated, expiring), a critica
 executor reading for the driver's reader). After fetching the parts a read looks at the since
 again: if the capability was lost meanwhile (its lease ran out) and since passed what the read
 needs, it raises SinceViolation — it never returns data compaction may have changed.
+``client.read_only(shard, lease=False)`` holds nothing at all (tools that must not write): it
+relies on that re-check alone, so a compaction racing it makes it fail, never read wrong.
 
 What a read needs: ``snapshot(as_of)`` needs ``since <= as_of``; ``updates_between(lo, hi)``
 needs ``since < lo`` (times below since are advanced *to* since, so at ``since == lo`` older
@@ -54,7 +56,8 @@ ONE_SHOT_LEASE_S = 900.0
 
 
 class ReadHandle:
-    """A reader: leased, critical, one-shot (a lease per read) or attached (held elsewhere)."""
+    """A reader: leased, critical, one-shot (a lease per read), attached (held elsewhere) or
+    lease-free (holds nothing; its reads only re-check since)."""
 
     def __init__(self, client, machine: ShardMachine, reader_id: str | None, kind: str,
                  lease_s: float = ONE_SHOT_LEASE_S):
@@ -62,7 +65,7 @@ class ReadHandle:
         self.machine = machine
         self.shard = machine.shard
         self.reader_id = reader_id
-        self.kind = kind  # "leased" | "critical" | "one-shot" | "attached"
+        self.kind = kind  # "leased" | "critical" | "one-shot" | "attached" | "lease-free"
         self.lease_s = lease_s
         self._last_heartbeat_ms = client.clock.now_ms()
 

@@ -125,7 +125,10 @@ def read_part(store: ObjectStore, part: PartMeta) -> pa.Table:
     if actual != part.crc32:
         raise ChecksumMismatch(part.key, 0, "crc32 of part", expected=part.crc32, actual=actual)
     try:
-        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+        # one thread: parts are already read in parallel (read_parts_parallel), and pyarrow's
+        # own pool on top only oversubscribes the cores (and was still busy at CLI exit)
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True,
+                              use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise FormatError(part.key, None, f"part is not readable Parquet: {e}") from None
     if table.num_rows != part.rows:

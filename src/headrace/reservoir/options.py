@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, InvalidInput
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -76,7 +76,7 @@ class ReservoirOptions:
     def __post_init__(self) -> None:
         def need(cond: bool, field: str, what: str) -> None:
             if not cond:
-                raise ValueError(f"ReservoirOptions.{field} {what}, got {getattr(self, field)!r}")
+                raise InvalidInput(f"ReservoirOptions.{field} {what}, got {getattr(self, field)!r}")
 
         need(4096 <= self.max_file_size <= MAX_FILE_SIZE_LIMIT, "max_file_size",
              f"must be in [4096, {MAX_FILE_SIZE_LIMIT}]")
@@ -108,6 +108,6 @@ def _is_name(s: object) -> bool:
 def check_stream_name(stream: object) -> str:
     """A stream name becomes a key segment: refuse anything that is not a plain name."""
     if not _is_name(stream):
-        raise ValueError(f"stream must be a name of [A-Za-z0-9._-] (not starting with '.'), "
-                         f"got {stream!r}")
+        raise InvalidInput(f"stream must be a name of [A-Za-z0-9._-] (not starting with '.'), "
+                           f"got {stream!r}")
     return stream  # type: ignore[return-value]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from headrace.errors import AlreadyExists
+from headrace.errors import AlreadyExists, InvalidInput
 from headrace.reservoir.batch import PageBatch
 from headrace.reservoir.formats.datafile import BlobFileWriter
 from headrace.reservoir.inflight import FileRef
@@ -69,7 +69,7 @@ class PageRunWriter:
     def __init__(self, store_or_url: str | ObjectStore, stream: str = "default",
                  run_id: str = "", options: ReservoirOptions | None = None):
         if not isinstance(run_id, str) or not run_id:
-            raise ValueError("run_id must be a non-empty string")
+            raise InvalidInput(f"run_id must be a non-empty string, got {run_id!r:.80}")
         self.store = open_store(store_or_url)
         self.opts = options or ReservoirOptions()
         self.prefix = stream_prefix(check_stream_name(stream), self.opts.stream_version)

@@ -143,8 +143,8 @@ class ReservoirStorage(PrometheusExport):
         separate prefix; overrides ``options.stream_version``)."""
         opts = options or ReservoirOptions()
         if version is not None and not isinstance(version, str):
-            raise ValueError("version names a stream version (a str); to read an older "
-                             "checkpoint use ReservoirReader.open(..., version=N)")
+            raise InvalidInput(f"version names a stream version (a str), got {version!r:.80}; to "
+                               "read an older checkpoint use ReservoirReader.open(..., version=N)")
         if version is not None:
             opts = ReservoirOptions(**{**opts.__dict__, "stream_version": version})
         return cls(open_store(store_or_url), stream, opts, cache_dir, retry)
@@ -288,8 +288,8 @@ class ReservoirStorage(PrometheusExport):
                 if run is None:
                     continue
                 if run.prefix != self.prefix:
-                    raise ValueError(f"run {run.run_id!r} was written for {run.prefix!r}, "
-                                     f"not {self.prefix!r}")
+                    raise InvalidInput(f"run {run.run_id!r} was written for {run.prefix!r}, "
+                                       f"not {self.prefix!r}")
                 refs = {}
                 for nf in run.files:
                     if nf.file_id in self._state.files or nf.file_id in self._state.deleted_files:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
 from headrace.spine import format as fmt
 from headrace.spine.bloom import bloom_build, bloom_may_contain, hash_keys
+from headrace.spine.catalog import check_bound_value
 
 DEFAULT_BLOCK_BYTES = 64 * 1024
 _SPARSE_EVERY = 4096  # rows between sparse keys of an in-memory batch
@@ -193,6 +194,9 @@ class Batch:
         tables = [b.to_table() for b in batches]
         merged = pa.concat_tables(tables)
         if lower_bound is not None:
+            # a bound Arrow cannot compare with the keys is the caller's error, not Arrow's
+            lower_bound = check_bound_value(lower_bound, merged.schema.field("key").type,
+                                            "Batch.merge")
             merged = merged.filter(pc.greater_equal(merged.column("key"), lower_bound))
         return cls(consolidate(merged))
 

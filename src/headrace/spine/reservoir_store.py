@@ -35,7 +35,7 @@ import uuid
 import pyarrow as pa
 
 from headrace.codec import ByteReader, check_bound
-from headrace.errors import FormatError, NotFound
+from headrace.errors import FormatError, InvalidInput, NotFound
 from headrace.spine.batch import Batch
 from headrace.spine.batchstore import BatchStore
 from headrace.spine.catalog import (
@@ -80,17 +80,19 @@ class ReservoirBatchStore(BatchStore):
                  page_bytes: int = 4 << 20, **open_kwargs):
         from headrace.reservoir import ReservoirStorage
 
-        if page_bytes < 4096:
-            raise ValueError("page_bytes must be >= 4096")
+        if type(page_bytes) is not int or page_bytes < 4096:
+            raise InvalidInput(f"ReservoirBatchStore.page_bytes must be an int >= 4096, got "
+                               f"{page_bytes!r:.40}")
         self._owned = not isinstance(reservoir_or_url, ReservoirStorage)
         self._lock_fd: int | None = None
         if self._owned:
             from headrace.reservoir.keys import stream_prefix
+            from headrace.reservoir.options import check_stream_name
             from headrace.store import open_store
 
             store = open_store(reservoir_or_url)
             opts = open_kwargs.get("options")
-            prefix = stream_prefix(stream, open_kwargs.get("version")
+            prefix = stream_prefix(check_stream_name(stream), open_kwargs.get("version")
                                    or (opts.stream_version if opts is not None else None))
             self._lock_fd = _lock_stream(store, prefix)
             try:
@@ -182,8 +184,8 @@ class ReservoirBatchStore(BatchStore):
         step = self.page_bytes
         pages = -(-len(data) // step)
         if pages > MAX_PAGES_PER_BATCH:
-            raise ValueError(f"batch of {len(data)} bytes needs more than "
-                             f"{MAX_PAGES_PER_BATCH} pages; raise page_bytes")
+            raise InvalidInput(f"batch of {len(data)} bytes needs more than "
+                               f"{MAX_PAGES_PER_BATCH} pages of {step} bytes; raise page_bytes")
         with self._mu:
             seq = self._next_seq
             self._next_seq += 1
@@ -267,7 +269,7 @@ class ReservoirBatchStore(BatchStore):
     def read_manifests(self, checkpoint_id: str) -> dict[str, SpineManifest]:
         try:
             pid = self._manifest_page(checkpoint_id)
-        except ValueError as e:
+        except (ValueError, TypeError, AttributeError) as e:  # not a uuid hex str
             raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found") from e
         if checkpoint_id not in {e.id for e in self._entries}:
             raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found")

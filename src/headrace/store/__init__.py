@@ -13,6 +13,7 @@ from headrace.store.base import (
     Overwrite,
     Payload,
     PutMode,
+    StoreNotFound,
     payload_bytes,
     payload_size,
     payload_views,
@@ -30,6 +31,6 @@ __all__ = [
     "FaultyStore", "GetResult", "IfMatch", "InjectedFault", "InvalidKey", "LocalStore",
     "MemoryStore", "NotFound", "ObjectMeta", "ObjectStore", "Overwrite", "PrefixedStore",
     "Payload", "PreconditionFailed", "PriceTable", "PutMode", "payload_bytes", "payload_size",
-    "payload_views", "S3_STANDARD", "StoreError", "open_store",
+    "payload_views", "S3_STANDARD", "StoreError", "StoreNotFound", "open_store",
     "validate_key",
 ]

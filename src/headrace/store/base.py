@@ -13,7 +13,24 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from headrace.errors import InvalidInput, InvalidKey
+from headrace.errors import InvalidInput, InvalidKey, StoreError
+
+
+class StoreNotFound(StoreError, FileNotFoundError):
+    """The store itself does not exist: an S3/GCS bucket or Azure container, or the folder of a
+    local store opened with ``create=False``. Never retryable.
+
+    Deliberately not a :class:`~headrace.errors.NotFound`: code that reads a missing *object*
+    as "nothing yet" (an empty queue, no checkpoint) must not read a missing bucket that way."""
+
+    def __init__(self, what: str, name: str, detail: str = ""):
+        msg = f"{what} {name!r} does not exist" + (f" ({detail})" if detail else "")
+        super().__init__(msg, retryable=False)
+        self.what = what
+        self.name = name
+
+    def __str__(self) -> str:  # FileNotFoundError would otherwise format errno/filename
+        return self.args[0]
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from headrace.store.base import (
     ObjectMeta,
     ObjectStore,
     PutMode,
+    StoreNotFound,
     check_range,
     payload_views,
     validate_key,
@@ -90,18 +91,25 @@ def _read_all(fd: int, size: int) -> bytes:
 class LocalStore(ObjectStore):
     capabilities = Capabilities(conditional_put=True, listable=True, local_path=True)
 
-    def __init__(self, root: str | os.PathLike, *, fsync: bool = True):
-        """``root`` is a file-system path (absolute, or relative to the working directory);
-        the folder is created if missing."""
+    def __init__(self, root: str | os.PathLike, *, fsync: bool = True, create: bool = True):
+        """``root`` is a file-system path (absolute, or relative to the working directory).
+        ``create=True``: the folder (and its ``.hrlocks/``) is created if missing.
+        ``create=False`` (tools that only read): the folder must exist (else StoreNotFound)
+        and nothing is created in it until a conditional put or delete needs the lock folder."""
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
             raise InvalidInput(f"LocalStore root must be a non-empty path, got {root!r}")
         self.root = Path(root).resolve()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / _LOCK_DIR).mkdir(exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot open a local store at {str(self.root)!r}: "
-                             f"{e.strerror or e}", retryable=False) from e
+        if not create:
+            if not self.root.is_dir():
+                detail = "it is not a folder" if self.root.exists() else ""
+                raise StoreNotFound("local store folder", str(self.root), detail)
+        else:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot open a local store at {str(self.root)!r}: "
+                                 f"{e.strerror or e}", retryable=False) from e
         self.fsync = fsync
         self.url = self.root.as_uri()
         self._root = str(self.root)  # string paths on the hot path: pathlib costs microseconds
@@ -120,7 +128,11 @@ class LocalStore(ObjectStore):
     def _locked(self, key: str):
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
         lock_path = self.root / _LOCK_DIR / f"{stripe % _LOCK_STRIPES:04d}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # opened with create=False: the lock folder is made on use
+            (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

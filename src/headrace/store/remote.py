@@ -30,6 +30,7 @@ from headrace.store.base import (
     ObjectMeta,
     ObjectStore,
     PutMode,
+    StoreNotFound,
     check_range,
     payload_bytes,
     validate_key,
@@ -51,6 +52,10 @@ _PERMANENT = (obx.PermissionDeniedError, obx.UnauthenticatedError, obx.InvalidPa
 _TIMEOUT_MARKS = ("kind: Timeout", "TimedOut", "operation timed out")
 _CREDENTIAL_MARKS = ("/latest/api/token", "/latest/meta-data", "169.254.169.254",
                      "credential", "Credential")
+# how S3 (and S3-compatible servers), GCS and Azure say the bucket / container is missing. A
+# HEAD has no body, so a HEAD on a missing bucket stays an object NotFound.
+_NO_BUCKET_MARKS = ("<Code>NoSuchBucket</Code>", "The specified bucket does not exist",
+                    "<Code>ContainerNotFound</Code>")
 
 
 def _ts(meta) -> float:
@@ -75,6 +80,7 @@ class ObstoreStore(ObjectStore):
         try:
             yield
         except (obx.NotFoundError, FileNotFoundError) as e:
+            self._raise_if_no_bucket(e)
             if isinstance(mode, IfMatch):  # IfMatch on a missing object: precondition failed
                 raise PreconditionFailed(key, mode.etag) from e
             raise NotFound(key) from e
@@ -86,6 +92,7 @@ class ObstoreStore(ObjectStore):
             # never include obstore's config dump: it may carry credentials
             full = str(e)
             text = full.splitlines()[0][:200] if full else ""
+            self._raise_if_no_bucket(e)
             if self._credentials_hint and any(m in full for m in _CREDENTIAL_MARKS):
                 raise CredentialsMissing(
                     f"no credentials for {self.url} (needed for {key!r}): "
@@ -98,6 +105,17 @@ class ObstoreStore(ObjectStore):
                     key=key) from None
             raise StoreError(f"{type(e).__name__} on {key!r}: {text}", key=key,
                              retryable=not isinstance(e, _PERMANENT)) from e
+
+    def _raise_if_no_bucket(self, e: BaseException) -> None:
+        """A missing bucket is StoreNotFound naming it (not an object NotFound, not a retryable
+        error quoting the server's XML)."""
+        full = str(e)
+        if any(m in full for m in _NO_BUCKET_MARKS):
+            scheme, _, bucket = self.url.partition("://")
+            what = "container" if scheme in ("az", "abfs") else "bucket"
+            at = f"at {self._endpoint}; " if self._endpoint != self.url else ""
+            raise StoreNotFound(what, bucket, f"{at}create it first or check the store URL") \
+                from None
 
     def get(self, key: str) -> GetResult:
         validate_key(key)
@@ -114,7 +132,7 @@ class ObstoreStore(ObjectStore):
                 with self._errors(key):
                     return bytes(obstore.get_range(self._s, key, start=start, end=end))
             except StoreError as e:
-                if isinstance(e, NotFound):
+                if isinstance(e, NotFound | StoreNotFound):
                     raise
                 size = self.head(key).size  # obstore refuses a range past the end; we clip
                 if start < size:

@@ -65,11 +65,15 @@ def redact_url(url: str) -> str:
     query = [(k, v if k.lower() in _PUBLIC_PARAMS else "***") for k, v in
              parse_qsl(parts.query, keep_blank_values=True)]
     out = f"{parts.scheme}://{host}{parts.path}" if parts.scheme else parts.path
-    return f"{out}?{urlencode(query, safe='/:')}" if query else out
+    # '*' stays as is: the mask must read as a mask, not as %2A%2A%2A
+    return f"{out}?{urlencode(query, safe='/:*')}" if query else out
 
 
-def open_store(url: str | ObjectStore) -> ObjectStore:
-    """Open the store a URL names (or return an ObjectStore passed in as is)."""
+def open_store(url: str | ObjectStore, *, create: bool = True) -> ObjectStore:
+    """Open the store a URL names (or return an ObjectStore passed in as is).
+
+    ``create=False`` opens a local folder without creating it or anything in it (a missing
+    folder is StoreNotFound); remote stores never create their bucket either way."""
     if isinstance(url, ObjectStore):
         return url
     if not isinstance(url, str) or not url:
@@ -82,7 +86,7 @@ def open_store(url: str | ObjectStore) -> ObjectStore:
     scheme = parts.scheme.lower()
     if scheme in ("", "file"):
         path = unquote(parts.path) if scheme == "file" else url
-        return LocalStore(path)
+        return LocalStore(path, create=create)
     if scheme == "memory":
         name = (parts.netloc + parts.path).strip("/")
         with _memory_lock:
