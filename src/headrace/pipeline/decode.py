@@ -50,12 +50,16 @@ def decode(entries_df, sources: list[SourceTable], max_entry_bytes: int = MAX_EN
         ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
         rows = tagged.filter(~too_big & (F.col(TABLE) == F.lit(node.table)))
         parsed = rows.select("sequence", "index", "entry", F.from_json(
-            text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"),
-            F.json_object_keys(text).alias("keys"))
-        present = [F.array_contains(F.col("keys"), F.lit(c)) for c in node.schema.names]
-        ok = F.col(f"r.`{CORRUPT}`").isNull() & (F.coalesce(F.col("r.w"), F.lit(1)) != F.lit(0))
-        for p in present:
-            ok = ok & p
+            text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"))
+        # a NULL column is either an explicit null (fine) or a missing field (bad): only then
+        # are the entry's keys listed (a second parse), so complete rows pay one parse
+        cols = [F.col(f"r.`{c}`") for c in node.schema.names]
+        keys = F.json_object_keys(text)
+        complete = reduce(lambda a, b: a & b, [c.isNotNull() for c in cols])
+        present = F.when(complete, F.lit(True)).otherwise(reduce(
+            lambda a, b: a & b, [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
+        ok = (F.col(f"r.`{CORRUPT}`").isNull() & (F.coalesce(F.col("r.w"), F.lit(1)) != F.lit(0))
+              & present)
         frames[node.name] = parsed.filter(ok).select(
             *[F.col(f"r.`{c}`").alias(c) for c in node.schema.names],
             F.coalesce(F.col("r.w"), F.lit(1)).cast("long").alias(W))
