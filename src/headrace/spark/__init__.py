@@ -1,7 +1,8 @@
 """PySpark integration: data sources (headrace.queue, headrace.shard) and the Pipeline.
 
-Importing this package does not import pyspark; ``register(spark)`` registers both data
-sources on a session.
+Importing this package does not import pyspark. ``session()`` builds a local SparkSession
+configured for headrace with both data sources registered; on a session of your own, call
+``register(spark)``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ def __getattr__(name: str):
         from headrace.pipeline.runner import Pipeline
 
         return Pipeline
+    if name == "session":
+        from headrace.spark.local_session import session
+
+        return session
     raise AttributeError(name)
 
 
-__all__ = ["Pipeline", "register"]
+__all__ = ["Pipeline", "register", "session"]

@@ -1,0 +1,42 @@
+"""``headrace.spark.session()``: a local SparkSession that works with headrace out of the box.
+
+What a first run otherwise trips on: Python workers must run the interpreter that has headrace
+installed (``PYSPARK_PYTHON``), the driver must bind to loopback on machines without a resolvable
+host name, Arrow must be on for ``mapInArrow``, and the ``headrace.queue`` / ``headrace.shard``
+data sources must be registered on the session. This does all four.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def session(app_name: str = "headrace", master: str = "local[2]", *,
+            shuffle_partitions: int = 4, conf: dict[str, str] | None = None):
+    """Build (or get) a local SparkSession configured for headrace, data sources registered."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         # a loaded 2-core machine can take longer than the 15 s default to connect workers
+         .config("spark.python.authenticate.socketTimeout", "120s")
+         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.sql.streaming.stopTimeout", "30s")
+         .config("spark.python.worker.reuse", "true"))
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from headrace.spark import register
+
+    register(spark)
+    return spark
