@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import parse_args, report, scratch_dir  # noqa: E402
-from pipeline_vs_spark import json_entries  # noqa: E402
+from pipeline_vs_spark import build, json_entries  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb  # noqa: E402
 
 HERE = Path(__file__).resolve()
@@ -51,15 +51,7 @@ def _spark(partitions: int = 8):
 
 
 def _build(spark, root: str, ckpt: str, partitions: int, store=None):
-    from headrace.pipeline.runner import Pipeline
-
-    p = Pipeline(spark, root, name="bench", partitions=partitions, checkpoint_dir=ckpt,
-                 batches_per_trigger=1, store=store)
-    src = p.read_queue("ingest", {"events": "key long, amount long"})
-    agg = p.aggregate(src["events"], by=["key"], aggs={"n": "count", "total": "sum(amount)"},
-                      name="agg")
-    p.write_shard(agg, "totals")
-    return p
+    return build(spark, root, partitions, ckpt, store=store)  # the same job as pipeline_vs_spark
 
 
 def _state_objects(root: str) -> dict[str, int]:
