@@ -133,3 +133,21 @@ def test_a_new_store_at_an_old_root_never_meets_the_old_spark_checkpoint(spark, 
     assert normalize_totals(again.read_shard(OUTPUT_SHARD)) == expected
     shutil.rmtree(old_ckpt, ignore_errors=True)
     shutil.rmtree(again.checkpoint_dir, ignore_errors=True)
+
+
+def test_colliding_names_are_refused_when_the_pipeline_is_defined(spark, tmp_path):
+    """Names that would collide with the entry envelope, the shard's columns or the engine's
+    own columns fail at definition time with a clear error, never in a micro-batch."""
+    from headrace.errors import InvalidInput
+
+    p = Pipeline(spark, str(tmp_path / "store"), name="names", partitions=1)
+    for spec, what in (("k long, w long", "envelope"), ("k long, `table` string", "envelope"),
+                       ("k long, __hr_w long", "reserved prefix")):
+        with pytest.raises(InvalidInput, match=what):
+            p.read_queue("q", {"t": spec})
+    src = p.read_queue("q", {"t": "k long, diff long, v long"})
+    agg = p.aggregate(src["t"], by=["k", "diff"], aggs={"n": "count"}, name="agg")
+    with pytest.raises(InvalidInput, match="'time' and 'diff'"):
+        p.write_shard(agg, "out")
+    with pytest.raises(InvalidInput):
+        p.aggregate(src["t"], by=["k"], aggs={"k": "count"}, name="agg2")  # output = group col

@@ -65,6 +65,7 @@ from headrace.pipeline.tasks import (
 from headrace.store import CountingStore, open_store
 
 log = logging.getLogger("headrace.pipeline")
+ENVELOPE = {"table", "w"}  # the fields of a queue entry that are not the table's columns
 DEFAULT_BUCKETS = 32  # key groups: the most tasks a stage can use; ~3M keys each at 100M
 
 
@@ -150,9 +151,14 @@ class Pipeline:
         self.queue = queue
         out = {}
         for table, spec in tables.items():
-            node = SourceTable(name=f"{queue}.{table}",
-                               schema=parse_schema(spec, f"table {table!r}"),
-                               queue=queue, table=table)
+            schema = parse_schema(spec, f"table {table!r}")
+            taken = sorted(set(schema.names) & ENVELOPE)
+            if taken:
+                raise InvalidInput(f"table {table!r}: column(s) {taken} collide with the queue "
+                                   f"entry's envelope fields {sorted(ENVELOPE)} (the table name "
+                                   "and the weight); rename them in the entries")
+            node = SourceTable(name=f"{queue}.{table}", schema=schema, queue=queue,
+                               table=table)
             self.nodes.append(node)
             out[table] = node
         return out
@@ -187,6 +193,10 @@ class Pipeline:
     def write_shard(self, node: Node, shard: str) -> None:
         if not isinstance(node, Operator):
             raise InvalidInput("write_shard takes an operator's output")
+        taken = sorted(set(node.schema.names) & {"time", "diff"})
+        if taken:
+            raise InvalidInput(f"shard {shard!r}: output column(s) {taken} collide with the "
+                               "shard's own 'time' and 'diff' columns; rename them first")
         self.sinks.append(Sink(node, shard))
 
     @property
