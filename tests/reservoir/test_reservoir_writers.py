@@ -198,3 +198,31 @@ def test_commit_that_did_not_land_is_reloaded_as_not_committed(tmp_path, mode):
         _write(st, b"again")
         assert st.checkpoint() == 2
     _assert_reads(inner, opts, b"again", 2)
+
+
+def test_a_checkpoint_deleted_between_listing_and_reading_is_loaded_again(tmp_path):
+    """Another writer's snapshot cleanup can delete a checkpoint this writer just listed: the
+    load starts over (a stale listing is not damage) instead of failing with NotFound."""
+    from headrace.errors import NotFound
+    from headrace.reservoir import ReservoirStorage
+    from headrace.store import LocalStore
+
+    store = LocalStore(str(tmp_path / "s"), fsync=False)
+    with ReservoirStorage.open(store) as st:
+        for i in range(3):
+            s = st.session()
+            s.write(1 + i, b"page %d" % i)
+            s.commit()
+            st.checkpoint()
+    real_get = store.get
+    failed = []
+
+    def get_once_missing(key):
+        if "/ckpt/" in key and not failed:
+            failed.append(key)
+            raise NotFound(key)
+        return real_get(key)
+
+    store.get = get_once_missing
+    with ReservoirStorage.open(store) as st:
+        assert failed and st.read(3) == b"page 2"

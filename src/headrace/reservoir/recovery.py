@@ -88,6 +88,9 @@ class Loaded:
     keys: dict[int, str] = field(default_factory=dict)  # version -> object key, chain read
 
 
+_STALE_LISTING_RETRIES = 5
+
+
 class CheckpointLoader:
     """Reads checkpoint objects through a store, with retries on transient errors."""
 
@@ -137,7 +140,23 @@ class CheckpointLoader:
         return regfmt.decode(res.data, key), res.etag
 
     def load(self, version: int | None = None) -> Loaded:
-        """Recover the state as of ``version`` (None = latest)."""
+        """Recover the state as of ``version`` (None = latest).
+
+        Loading the latest state lists (or reads the registry) and then fetches the chain; a
+        second writer's snapshot cleanup may delete a listed object in between. That is a stale
+        listing, not damage: the load starts over (bounded) and finds the newer chain."""
+        attempts = _STALE_LISTING_RETRIES if version is None else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._load_once(version)
+            except NotFound as e:
+                if attempt == attempts:
+                    raise
+                log.info("%s: %s vanished while loading (another writer's cleanup); "
+                         "loading again", self.prefix, e.key)
+        raise AssertionError("unreachable")
+
+    def _load_once(self, version: int | None) -> Loaded:
         etag = None
         head: CheckpointObject | None = None
         listed: dict[int, str] = {}
