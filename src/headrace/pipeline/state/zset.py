@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.spine.batch import consolidate as spine_consolidate
 
 #: bytes a row counts for in run sizes (tiering) and write amplification: key, val, weight
 #: and the two offsets a page stores for it
@@ -59,28 +59,12 @@ def check_zset(table: pa.Table, what: str = "updates") -> pa.Table:
 
 def consolidate(table: pa.Table) -> pa.Table:
     """Sort by (key, val), sum the weights of equal (key, val), drop zero sums; one chunk per
-    column. Deterministic whatever the input order, so retried tasks write the same bytes."""
-    n = table.num_rows
-    if n == 0:
+    column. Deterministic whatever the input order, so retried tasks write the same bytes.
+    (The spine's consolidation, typed as ZSET_SCHEMA.)"""
+    if table.num_rows == 0:
         return empty_zset()
-    order = pc.sort_indices(table, sort_keys=[("key", "ascending"), ("val", "ascending")])
-    t = table.take(order).combine_chunks()
-    key, val = t.column("key").chunk(0), t.column("val").chunk(0)
-    w = t.column("w").chunk(0).to_numpy()
-    if n > 1:
-        same = pc.and_(pc.equal(key.slice(1), key.slice(0, n - 1)),
-                       pc.equal(val.slice(1), val.slice(0, n - 1)))
-        new = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
-        starts = np.flatnonzero(new)
-    else:
-        starts = np.zeros(1, np.int64)
-    sums = w if len(starts) == n else np.add.reduceat(w, starts)
-    keep = sums != 0
-    if len(starts) == n and keep.all():
-        return t
-    rows = starts[keep]
-    return pa.Table.from_arrays([key.take(pa.array(rows)), val.take(pa.array(rows)),
-                                 pa.array(sums[keep], pa.int64())], schema=ZSET_SCHEMA)
+    out = spine_consolidate(table)
+    return out if out.schema == ZSET_SCHEMA else out.cast(ZSET_SCHEMA)
 
 
 def distinct_sorted_keys(keys: pa.Array) -> pa.Array:
