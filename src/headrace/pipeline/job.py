@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from headrace.pipeline.decode import bad_entries_task, decode
 from headrace.pipeline.names import BUCKET, SIDE, W
-from headrace.pipeline.plan import Node, Operator, SourceTable, consumers, spark_ddl
+from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
 from headrace.pipeline.tasks import (
     KIND,
     PAYLOAD,
@@ -50,14 +50,20 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
         f"`{KIND}` string, `{PAYLOAD}` binary")]
     try:
         for node in nodes:
+            if isinstance(node, Map):  # stateless: Spark expressions on the delta
+                frames[node.name] = node.apply(_frame(spark, frames, node.source))
+                continue
+            if isinstance(node, Union):
+                cols = [F.col(f"`{c}`") for c in node.schema.names] + [F.col(W)]
+                frames[node.name] = reduce(lambda a, b: a.unionByName(b), [
+                    _frame(spark, frames, s).select(*cols) for s in node.sources])
+                continue
             if not isinstance(node, Operator):
                 continue
             inputs = []
             for i, src in enumerate(node.sources):
-                frame = frames.get(src.name)
-                if frame is None:
-                    frame = spark.createDataFrame([], spark_ddl(src.schema) + f", `{W}` long")
-                frame = frame.withColumn(BUCKET, bucket_expr(node.bucket_columns[i], buckets))
+                frame = _frame(spark, frames, src).withColumn(
+                    BUCKET, bucket_expr(node.bucket_columns[i], buckets))
                 if len(node.sources) == 2:
                     frame = frame.withColumn(SIDE, F.lit(i))
                 inputs.append(frame)
@@ -69,7 +75,9 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                              emit_rows=downstream, sinks=sinks.get(id(node), []), time=t,
                              persist_root=persist_root, writer_ids=writer_ids,
                              inline_max=inline_max)
-            out = frame.repartition(partitions, BUCKET).mapInArrow(
+            if node.state_sides:  # rows of one key meet their state in one task
+                frame = frame.repartition(partitions, BUCKET)
+            out = frame.mapInArrow(
                 task_fn(spec, ctx), spark_ddl(stage_schema(node.schema)))
             if downstream:  # the next operator reads the data rows from executor memory
                 out = out.persist(StorageLevel.MEMORY_AND_DISK)
@@ -81,6 +89,15 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     finally:
         for df in persisted:
             df.unpersist()
+
+
+def _frame(spark, frames: dict, node: Node):
+    """The delta DataFrame of ``node`` (its columns + W) in this micro-batch."""
+    frame = frames.get(node.name)
+    if frame is None:  # a table with no rows in this batch
+        frame = spark.createDataFrame([], spark_ddl(node.schema) + f", `{W}` long")
+        frames[node.name] = frame
+    return frame
 
 
 def bucket_expr(columns: list[str], buckets: int):

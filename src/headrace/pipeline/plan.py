@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -17,11 +18,12 @@ from headrace.errors import InvalidInput
 from headrace.pipeline import operators
 from headrace.pipeline.names import PREFIX
 
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's timestamp: UTC microseconds
 _DDL_TYPES = {"long": pa.int64(), "bigint": pa.int64(), "int": pa.int32(),
-              "integer": pa.int32(), "double": pa.float64(), "string": pa.string(),
-              "boolean": pa.bool_()}
-_SPARK_NAMES = {pa.int64(): "long", pa.int32(): "int", pa.float64(): "double",
-                pa.string(): "string", pa.bool_(): "boolean", pa.binary(): "binary"}
+              "integer": pa.int32(), "double": pa.float64(), "float": pa.float32(),
+              "string": pa.string(), "boolean": pa.bool_(), "binary": pa.binary(),
+              "timestamp": TIMESTAMP, "date": pa.date32()}
+_DECIMAL = re.compile(r"^decimal\((\d+)\s*,\s*(\d+)\)$")
 
 
 def check_names(names: list[str], where: str) -> None:
@@ -34,29 +36,86 @@ def check_names(names: list[str], where: str) -> None:
         raise InvalidInput(f"{where}: duplicate column names {dup}")
 
 
+def _ddl_type(text: str, where: str) -> pa.DataType:
+    t = text.lower().replace(" ", "")
+    if t in _DDL_TYPES:
+        return _DDL_TYPES[t]
+    m = _DECIMAL.match(t)
+    if m and 1 <= int(m.group(1)) <= 38 and int(m.group(2)) <= int(m.group(1)):
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    raise InvalidInput(f"{where}: type {text!r} is not one of {sorted(_DDL_TYPES)} or "
+                       "decimal(p,s) with p <= 38")
+
+
 def parse_schema(spec: str | pa.Schema, where: str = "schema") -> pa.Schema:
-    """'a long, b string' or an Arrow schema -> Arrow schema (the types operators support)."""
+    """'a long, b decimal(10,2)' or an Arrow schema -> Arrow schema of the supported types."""
     if isinstance(spec, pa.Schema):
         schema = spec
+        for f in schema:
+            spark_type(f.type, f"{where} column {f.name!r}")
     else:
         fields = []
-        for part in spec.split(","):
-            bits = part.split()
-            if len(bits) != 2 or bits[1].lower() not in _DDL_TYPES:
-                raise InvalidInput(f"bad column spec {part.strip()!r}: want 'name type' with "
-                                   f"type one of {sorted(_DDL_TYPES)}")
-            fields.append(pa.field(bits[0].strip("`"), _DDL_TYPES[bits[1].lower()]))
+        for part in re.split(r",(?![^()]*\))", spec):  # commas outside decimal(p,s)
+            bits = part.split(None, 1)
+            if len(bits) != 2:
+                raise InvalidInput(f"{where}: bad column spec {part.strip()!r}: want 'name type'")
+            fields.append(pa.field(bits[0].strip("`"), _ddl_type(bits[1], where)))
         schema = pa.schema(fields)
     check_names(schema.names, where)
     return schema
 
 
+def spark_type(t: pa.DataType, where: str = "column") -> str:
+    """The Spark SQL type name of an Arrow type the pipeline carries."""
+    if t == pa.int64():
+        return "bigint"
+    if t == pa.int32():
+        return "int"
+    if t == pa.float64():
+        return "double"
+    if t == pa.float32():
+        return "float"
+    if t in (pa.string(), pa.large_string()):
+        return "string"
+    if t == pa.bool_():
+        return "boolean"
+    if t in (pa.binary(), pa.large_binary()):
+        return "binary"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if t == pa.date32():
+        return "date"
+    if pa.types.is_decimal128(t):
+        return f"decimal({t.precision},{t.scale})"
+    raise InvalidInput(f"{where}: type {t} is not carried by the pipeline (long, int, double, "
+                       "float, string, boolean, binary, timestamp, date, decimal(p,s))")
+
+
 def spark_ddl(schema: pa.Schema) -> str:
-    bad = [f for f in schema if f.type not in _SPARK_NAMES]
-    if bad:
-        raise InvalidInput(f"columns {[f.name for f in bad]} have types the pipeline does not "
-                           f"carry yet: {[str(f.type) for f in bad]}")
-    return ", ".join(f"`{f.name}` {_SPARK_NAMES[f.type]}" for f in schema)
+    return ", ".join(f"`{f.name}` {spark_type(f.type, f'column {f.name!r}')}" for f in schema)
+
+
+def arrow_schema(struct, where: str) -> pa.Schema:
+    """A Spark StructType (an expression's result) -> the Arrow schema the pipeline carries."""
+    from pyspark.sql import types as T
+
+    simple = {T.LongType: pa.int64(), T.IntegerType: pa.int32(), T.DoubleType: pa.float64(),
+              T.FloatType: pa.float32(), T.StringType: pa.string(), T.BooleanType: pa.bool_(),
+              T.BinaryType: pa.binary(), T.TimestampType: TIMESTAMP, T.DateType: pa.date32()}
+    fields = []
+    for f in struct.fields:
+        t = simple.get(type(f.dataType))
+        if t is None and isinstance(f.dataType, T.DecimalType):
+            t = pa.decimal128(f.dataType.precision, f.dataType.scale)
+        if t is None:
+            raise InvalidInput(f"{where}: column {f.name!r} would be {f.dataType.simpleString()}"
+                               ", a type the pipeline does not carry; cast it (long, int, "
+                               "double, float, string, boolean, binary, timestamp, date, "
+                               "decimal)")
+        fields.append(pa.field(f.name, t))
+    schema = pa.schema(fields)
+    check_names(schema.names, where)
+    return schema
 
 
 @dataclass(eq=False)
@@ -102,13 +161,52 @@ def make_operator(op: int, kind: str, name: str, inputs: list[Node], params: dic
 
 
 @dataclass(eq=False)
+class Map(Node):
+    """A stateless step — filter, projection, window expansion — run as Spark expressions on
+    the delta. Weights pass through unchanged: every such step is linear over a Z-set (a row
+    and its retraction map alike), so no state is needed. ``fn(df)`` takes and returns a
+    DataFrame of the node's columns; ``text`` describes it for the fingerprint."""
+
+    source: Node | None = None
+    fn: object = None
+    text: str = ""
+    event_time: str | None = None  # the watermarked column, if it survives this step
+    delay_us: int | None = None
+
+    @property
+    def inputs(self) -> list[Node]:
+        return [self.source]
+
+    def apply(self, df):
+        from pyspark.sql import functions as F
+
+        from headrace.pipeline.names import W
+
+        out = self.fn(df)
+        return out.select(*[F.col(f"`{c}`") for c in self.schema.names], F.col(W))
+
+
+@dataclass(eq=False)
+class Union(Node):
+    """UNION ALL of inputs with the same columns: the Z-sets add up."""
+
+    sources: list[Node] = field(default_factory=list)
+
+    @property
+    def inputs(self) -> list[Node]:
+        return self.sources
+
+
+@dataclass(eq=False)
 class Sink:
     node: Node
     shard: str
+    mode: str = "update"
 
 
-def consumers(nodes: list[Node], node: Node) -> list[Operator]:
-    return [n for n in nodes if isinstance(n, Operator) and node in n.sources]
+def consumers(nodes: list[Node], node: Node) -> list[Node]:
+    """The nodes that read ``node``'s output."""
+    return [n for n in nodes if any(i is node for i in n.inputs)]
 
 
 def fingerprint(nodes: list[Node], sinks: list[Sink], buckets: int, backend: str) -> str:
@@ -116,13 +214,15 @@ def fingerprint(nodes: list[Node], sinks: list[Sink], buckets: int, backend: str
     The number of Spark tasks is not part of it: it may change on any restart."""
     desc = []
     for n in nodes:
-        item = {"name": n.name, "schema": str(n.schema), "type": type(n).__name__}
+        item = {"name": n.name, "schema": str(n.schema), "type": type(n).__name__,
+                "inputs": [i.name for i in n.inputs]}
         if isinstance(n, Operator):
-            item.update(op=n.op, kind=n.kind, params=n.params,
-                        inputs=[i.name for i in n.inputs])
+            item.update(op=n.op, kind=n.kind, params=n.params)
         if isinstance(n, SourceTable):
             item.update(queue=n.queue, table=n.table)
+        if isinstance(n, Map):
+            item.update(text=n.text)
         desc.append(item)
-    desc.append({"sinks": [(s.node.name, s.shard) for s in sinks], "partitions": buckets,
+    desc.append({"sinks": [(s.node.name, s.shard, s.mode) for s in sinks], "partitions": buckets,
                  "backend": backend})
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:16]

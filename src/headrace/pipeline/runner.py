@@ -43,18 +43,11 @@ import pyarrow as pa
 
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
+from headrace.pipeline.builder import PipelineBuilder
 from headrace.pipeline.decode import DEAD_LETTER_SCHEMA, MAX_ENTRY_BYTES
 from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
-from headrace.pipeline.plan import (
-    Node,
-    Operator,
-    Sink,
-    SourceTable,
-    fingerprint,
-    make_operator,
-    parse_schema,
-)
+from headrace.pipeline.plan import Node, Sink
 from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress, progress_at
 from headrace.pipeline.tasks import (
     INLINE_MAX,
@@ -65,7 +58,6 @@ from headrace.pipeline.tasks import (
 from headrace.store import CountingStore, open_store
 
 log = logging.getLogger("headrace.pipeline")
-ENVELOPE = {"table", "w"}  # the fields of a queue entry that are not the table's columns
 DEFAULT_BUCKETS = 32  # key groups: the most tasks a stage can use; ~3M keys each at 100M
 
 
@@ -95,8 +87,9 @@ def store_identity(store, name: str) -> str:
             return store.get(key).data.decode()
 
 
-class Pipeline:
-    """Build with read_queue / aggregate / join / distinct / write_shard, then run()."""
+class Pipeline(PipelineBuilder):
+    """Define the query (see :class:`PipelineBuilder`, :mod:`headrace.pipeline.frame`), then
+    run() it: recovery, then micro-batches, exactly once."""
 
     def __init__(self, spark, root: str, *, name: str = "pipeline", partitions: int | None = None,
                  buckets: int = DEFAULT_BUCKETS, state_backend: str = "reservoir",
@@ -142,67 +135,6 @@ class Pipeline:
         self.metrics: dict[str, float] = defaultdict(float)
         self._storage = None
         self.on_batch = None  # optional callback(dict) after each committed batch
-
-    # ---- building ----------------------------------------------------------------------
-    def read_queue(self, queue: str, tables: dict[str, str | pa.Schema]) -> dict[str, Node]:
-        """Entries of ``queue`` are JSON objects ``{"table": T, "w": ±n, <columns>}``."""
-        if self.queue not in (None, queue):
-            raise InvalidInput("a pipeline reads one queue (its tables may be many)")
-        self.queue = queue
-        out = {}
-        for table, spec in tables.items():
-            schema = parse_schema(spec, f"table {table!r}")
-            taken = sorted(set(schema.names) & ENVELOPE)
-            if taken:
-                raise InvalidInput(f"table {table!r}: column(s) {taken} collide with the queue "
-                                   f"entry's envelope fields {sorted(ENVELOPE)} (the table name "
-                                   "and the weight); rename them in the entries")
-            node = SourceTable(name=f"{queue}.{table}", schema=schema, queue=queue,
-                               table=table)
-            self.nodes.append(node)
-            out[table] = node
-        return out
-
-    def _add(self, kind: str, name: str, inputs: list[Node], params: dict) -> Node:
-        if any(n.name == name for n in self.nodes):
-            raise InvalidInput(f"an operator named {name!r} already exists")
-        for i in inputs:
-            if i not in self.nodes:
-                raise InvalidInput(f"input {i.name!r} does not belong to this pipeline")
-        op = sum(1 for n in self.nodes if isinstance(n, Operator))
-        node = make_operator(op, kind, name, inputs, params)
-        self.nodes.append(node)
-        return node
-
-    def aggregate(self, input: Node, by: list[str], aggs: dict[str, str], name: str) -> Node:
-        return self._add("aggregate", name, [input], {"by": list(by), "aggs": dict(aggs)})
-
-    def join(self, left: Node, right: Node, on: list[str] | None = None, name: str = "",
-             *, how: str = "inner", left_on: list[str] | None = None,
-             right_on: list[str] | None = None) -> Node:
-        """Equi-join: inner, left, right, full, left_semi or left_anti (SQL semantics: NULL
-        keys never match); ``on`` (same names) or ``left_on``/``right_on``."""
-        keys = ({"on": list(on)} if on is not None
-                else {"left_on": list(left_on or []), "right_on": list(right_on or [])})
-        return self._add("join", name or f"join{len(self.nodes)}", [left, right],
-                         {"how": how, **keys})
-
-    def distinct(self, input: Node, name: str) -> Node:
-        return self._add("distinct", name, [input], {})
-
-    def write_shard(self, node: Node, shard: str) -> None:
-        if not isinstance(node, Operator):
-            raise InvalidInput("write_shard takes an operator's output")
-        taken = sorted(set(node.schema.names) & {"time", "diff"})
-        if taken:
-            raise InvalidInput(f"shard {shard!r}: output column(s) {taken} collide with the "
-                               "shard's own 'time' and 'diff' columns; rename them first")
-        self.sinks.append(Sink(node, shard))
-
-    @property
-    def fingerprint(self) -> str:
-        """Operator graph, buckets and backend: state of another layout is refused."""
-        return fingerprint(self.nodes, self.sinks, self.buckets, self.state_backend)
 
     @property
     def checkpoint_dir(self) -> str:

@@ -29,6 +29,8 @@ def session(app_name: str = "headrace", master: str = "local[2]", *,
          # a loaded 2-core machine can take longer than the 15 s default to connect workers
          .config("spark.python.authenticate.socketTimeout", "120s")
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+         # event times compare equal whatever the machine's zone (windows, timestamps in JSON)
+         .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stopTimeout", "30s")
          .config("spark.python.worker.reuse", "true"))

@@ -35,9 +35,11 @@ def parse_agg(name: str, text: str):
 
 def build(kind: str, schemas: list[pa.Schema], params: dict):
     if kind == "aggregate":
-        from headrace.pipeline.operators.aggregate import AggregateKernel
+        from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
 
-        aggs = [parse_agg(n, t) for n, t in params["aggs"].items()]
+        # "sum(col)" text, or [func, column] (any column name; the fluent API's form)
+        aggs = [parse_agg(n, t) if isinstance(t, str) else Agg(t[0], t[1], n)
+                for n, t in params["aggs"].items()]
         return AggregateKernel(schemas[0], params["by"], aggs)
     if kind == "join":
         from headrace.pipeline.operators.join import JoinKernel
@@ -49,4 +51,8 @@ def build(kind: str, schemas: list[pa.Schema], params: dict):
         from headrace.pipeline.operators.distinct import DistinctKernel
 
         return DistinctKernel(schemas[0])
+    if kind == "identity":
+        from headrace.pipeline.operators.identity import IdentityKernel
+
+        return IdentityKernel(schemas[0])
     raise InvalidInput(f"unknown operator kind {kind!r}")

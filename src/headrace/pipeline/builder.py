@@ -1,0 +1,185 @@
+"""Defining a pipeline: sources, operators and sinks added to the plan, each checked at once.
+
+The fluent :class:`~headrace.pipeline.frame.Frame` API and the explicit methods below
+(``aggregate``, ``join``, ``distinct``) build the same plan; both take Frames or plan nodes.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from headrace.errors import InvalidInput
+from headrace.pipeline.frame import Frame
+from headrace.pipeline.names import W
+from headrace.pipeline.plan import (
+    Map,
+    Node,
+    Operator,
+    Sink,
+    SourceTable,
+    Union,
+    arrow_schema,
+    fingerprint,
+    make_operator,
+    parse_schema,
+    spark_ddl,
+)
+
+ENVELOPE = {"table", "w"}  # the fields of a queue entry that are not the table's columns
+SINK_MODES = ("update", "append")
+
+
+def _node(x) -> Node:
+    return x.node if isinstance(x, Frame) else x
+
+
+class QueueTables:
+    """``p.read_queue("q").table("bid", "auction long, ...")``: one table at a time."""
+
+    def __init__(self, pipeline, queue: str):
+        self.pipeline, self.queue = pipeline, queue
+
+    def table(self, name: str, schema: str | pa.Schema) -> Frame:
+        return self.pipeline.read_queue(self.queue, {name: schema})[name]
+
+
+class PipelineBuilder:
+    """The plan-building half of :class:`~headrace.pipeline.runner.Pipeline`."""
+
+    spark: object
+    nodes: list[Node]
+    sinks: list[Sink]
+    queue: str | None
+    buckets: int
+    state_backend: str
+
+    # ---- sources ----------------------------------------------------------------------
+    def read_queue(self, queue: str, tables: dict[str, str | pa.Schema] | None = None):
+        """Entries of ``queue`` are JSON objects ``{"table": T, "w": ±n, <columns>}``.
+        Returns {table: Frame}; without ``tables``, an object whose ``.table(name, schema)``
+        adds one table at a time."""
+        if self.queue not in (None, queue):
+            raise InvalidInput("a pipeline reads one queue (its tables may be many)")
+        if tables is None:
+            return QueueTables(self, queue)
+        self.queue = queue
+        out = {}
+        for table, spec in tables.items():
+            schema = parse_schema(spec, f"table {table!r}")
+            taken = sorted(set(schema.names) & ENVELOPE)
+            if taken:
+                raise InvalidInput(f"table {table!r}: column(s) {taken} collide with the queue "
+                                   f"entry's envelope fields {sorted(ENVELOPE)} (the table name "
+                                   "and the weight); rename them in the entries")
+            name = f"{queue}.{table}"
+            if any(n.name == name for n in self.nodes):
+                raise InvalidInput(f"table {table!r} of queue {queue!r} is read already")
+            node = SourceTable(name=name, schema=schema, queue=queue, table=table)
+            self.nodes.append(node)
+            out[table] = Frame(self, node)
+        return out
+
+    # ---- operators --------------------------------------------------------------------
+    def _auto_name(self, kind: str) -> str:
+        names = {n.name for n in self.nodes}
+        i = len(self.nodes)
+        while f"{kind}{i}" in names:
+            i += 1
+        return f"{kind}{i}"
+
+    def _check_inputs(self, inputs: list[Node]) -> None:
+        for i in inputs:
+            if not any(i is n for n in self.nodes):
+                raise InvalidInput(f"input {i.name!r} does not belong to this pipeline")
+
+    def _add(self, kind: str, name: str, inputs: list, params: dict) -> Node:
+        inputs = [_node(i) for i in inputs]
+        if any(n.name == name for n in self.nodes):
+            raise InvalidInput(f"an operator named {name!r} already exists")
+        self._check_inputs(inputs)
+        op = sum(1 for n in self.nodes if isinstance(n, Operator))
+        node = make_operator(op, kind, name, inputs, params)
+        self.nodes.append(node)
+        return node
+
+    def _spark_struct(self, schema: pa.Schema) -> str:
+        """The DDL of a frame's columns plus the weight (for analysing steps on no rows)."""
+        return (spark_ddl(schema) + ", " if len(schema) else "") + f"`{W}` bigint"
+
+    def _add_map(self, source: Node, fn, text: str, event_time: str | None = None,
+                 delay_us: int | None = None) -> Node:
+        """A stateless step, analysed by Spark now (unknown columns, bad types fail here)."""
+        self._check_inputs([source])
+        probe = self.spark.createDataFrame([], self._spark_struct(source.schema))
+        try:
+            out = fn(probe)
+        except Exception as e:  # pyspark's AnalysisException and friends: say which step
+            raise InvalidInput(f"{text}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+        if W not in out.columns:
+            raise InvalidInput(f"{text}: the step dropped the weight column")
+        from pyspark.sql.types import StructType
+
+        struct = StructType([f for f in out.schema.fields if f.name != W])
+        schema = arrow_schema(struct, text)
+        if event_time is None and getattr(source, "event_time", None) in schema.names:
+            event_time, delay_us = source.event_time, source.delay_us
+        node = Map(name=self._auto_name("map"), schema=schema, source=source, fn=fn, text=text,
+                   event_time=event_time, delay_us=delay_us)
+        self.nodes.append(node)
+        return node
+
+    def _add_union(self, inputs: list) -> Node:
+        inputs = [_node(i) for i in inputs]
+        self._check_inputs(inputs)
+        first = inputs[0].schema
+        for other in inputs[1:]:
+            if sorted(zip(other.schema.names, map(str, other.schema.types), strict=True)) != \
+                    sorted(zip(first.names, map(str, first.types), strict=True)):
+                raise InvalidInput(f"union: {inputs[0].name!r} has columns {first} but "
+                                   f"{other.name!r} has {other.schema}; select the same columns")
+        node = Union(name=self._auto_name("union"), schema=first, sources=inputs)
+        self.nodes.append(node)
+        return node
+
+    def aggregate(self, input, by: list[str], aggs: dict[str, str], name: str) -> Frame:
+        """GROUP BY ``by`` with ``aggs`` {output: "count" | "sum(col)" | ...}."""
+        return Frame(self, self._add("aggregate", name, [input],
+                                     {"by": list(by), "aggs": dict(aggs)}))
+
+    def join(self, left, right, on: list[str] | None = None, name: str = "",
+             *, how: str = "inner", left_on: list[str] | None = None,
+             right_on: list[str] | None = None) -> Frame:
+        """Equi-join: inner, left, right, full, left_semi or left_anti (SQL semantics: NULL
+        keys never match); ``on`` (same names) or ``left_on``/``right_on``."""
+        keys = ({"on": list(on)} if on is not None
+                else {"left_on": list(left_on or []), "right_on": list(right_on or [])})
+        return Frame(self, self._add("join", name or self._auto_name("join"), [left, right],
+                                     {"how": how, **keys}))
+
+    def distinct(self, input, name: str) -> Frame:
+        return Frame(self, self._add("distinct", name, [input], {}))
+
+    # ---- sinks ------------------------------------------------------------------------
+    def write_shard(self, node, shard: str, mode: str = "update") -> None:
+        """The node's changes go to persist shard ``shard`` at each batch's time."""
+        node = _node(node)
+        self._check_inputs([node])
+        if mode not in SINK_MODES:
+            raise InvalidInput(f"write_shard mode must be one of {SINK_MODES}, got {mode!r}")
+        if mode == "append":
+            raise InvalidInput("mode='append' needs event time (with_watermark + a windowed "
+                               "group_by), which is not built yet; use mode='update'")
+        taken = sorted(set(node.schema.names) & {"time", "diff"})
+        if taken:
+            raise InvalidInput(f"shard {shard!r}: output column(s) {taken} collide with the "
+                               "shard's own 'time' and 'diff' columns; rename them first")
+        if any(s.shard == shard for s in self.sinks):
+            raise InvalidInput(f"shard {shard!r} is written by this pipeline already")
+        if not isinstance(node, Operator):  # a stateless node: a pass-through stage writes it
+            node = self._add("identity", self._auto_name("sink"), [node], {})
+        self.sinks.append(Sink(node, shard, mode))
+
+    @property
+    def fingerprint(self) -> str:
+        """Operator graph, buckets and backend: state of another layout is refused."""
+        return fingerprint(self.nodes, self.sinks, self.buckets, self.state_backend)

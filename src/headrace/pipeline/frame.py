@@ -1,0 +1,241 @@
+"""The fluent, PySpark-shaped query API: ``Frame`` is a node of the pipeline's plan.
+
+Stateless steps (filter, select, with_column, drop, union, windows) are Spark expressions applied
+to the micro-batch's delta with the weight carried along; stateful ones (group_by().agg, join,
+distinct) are Z-set operator kernels with state in the store. Every step is analysed by Spark on
+an empty DataFrame when it is defined, so an unknown column, a bad expression or a type the
+pipeline cannot carry fails there, never in a micro-batch. Differences from PySpark: a window is
+two columns ``window_start``/``window_end`` instead of a struct, method names are snake_case.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+
+from headrace.errors import InvalidInput
+from headrace.pipeline.names import PREFIX, W
+from headrace.pipeline.plan import Node
+
+_WINDOW = re.compile(r"^Column<'window\((.+), '([^']*)', '([^']*)', '([^']*)'\)'>$")
+_DURATION = re.compile(r"^\s*(\d+)\s*(microseconds?|milliseconds?|seconds?|minutes?|hours?|"
+                       r"days?|weeks?)\s*$", re.IGNORECASE)
+_UNIT_US = {"microsecond": 1, "millisecond": 1000, "second": 10**6, "minute": 60 * 10**6,
+            "hour": 3600 * 10**6, "day": 86400 * 10**6, "week": 7 * 86400 * 10**6}
+
+
+def duration_us(text: str, what: str) -> int:
+    """'10 seconds' -> 10_000_000 (the interval strings Spark's window/withWatermark take)."""
+    m = _DURATION.match(text) if isinstance(text, str) else None
+    if not m:
+        raise InvalidInput(f"{what}: {text!r} is not a duration like '10 seconds' or "
+                           "'5 minutes'")
+    return int(m.group(1)) * _UNIT_US[m.group(2).lower().rstrip("s")]
+
+
+def _col(c):
+    from pyspark.sql import functions as F
+
+    return F.col(f"`{c}`") if isinstance(c, str) else c
+
+
+def _text(c) -> str:
+    return c if isinstance(c, str) else str(c)
+
+
+class Frame:
+    """A pipeline table: the output of a source or an operator, as a stream of weighted
+    changes. Build on it like a PySpark DataFrame; nothing runs until ``Pipeline.run``."""
+
+    def __init__(self, pipeline, node: Node):
+        self.pipeline = pipeline
+        self.node = node
+
+    # ---- what it holds ----------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        return self.node.schema
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.node.schema.names)
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{f.name}: {f.type}" for f in self.schema)
+        return f"Frame[{self.node.name}]({cols})"
+
+    # ---- stateless steps --------------------------------------------------------------
+    def _map(self, fn, text: str, *, event_time: str | None = None,
+             delay_us: int | None = None) -> Frame:
+        return Frame(self.pipeline, self.pipeline._add_map(self.node, fn, text, event_time,
+                                                           delay_us))
+
+    def filter(self, condition) -> Frame:
+        """Rows where ``condition`` (a Column or a SQL string) is true; NULL drops the row."""
+        return self._map(lambda df: df.filter(condition), f"filter {_text(condition)}")
+
+    where = filter
+
+    def select(self, *cols) -> Frame:
+        """Column names or Columns (``F.col("p") * 2).alias("q")``), as DataFrame.select."""
+        from pyspark.sql import functions as F
+
+        cols = [c for group in cols for c in (group if isinstance(group, list | tuple)
+                                              else [group])]
+        return self._map(lambda df: df.select(*[_col(c) for c in cols], F.col(W)),
+                         f"select {[_text(c) for c in cols]}")
+
+    def select_expr(self, *exprs: str) -> Frame:
+        """SQL expressions, as DataFrame.selectExpr."""
+        return self._map(lambda df: df.selectExpr(*exprs, f"`{W}`"), f"select_expr {exprs}")
+
+    def with_column(self, name: str, col) -> Frame:
+        """Add or replace column ``name`` (a Column or a SQL string)."""
+        from pyspark.sql import functions as F
+
+        expr = F.expr(col) if isinstance(col, str) else col
+        return self._map(lambda df: df.withColumn(name, expr), f"with_column {name} {expr}")
+
+    def with_column_renamed(self, old: str, new: str) -> Frame:
+        if old not in self.columns:
+            raise InvalidInput(f"with_column_renamed: no column {old!r} in {self.columns}")
+        return self._map(lambda df: df.withColumnRenamed(old, new), f"rename {old} {new}")
+
+    def drop(self, *names: str) -> Frame:
+        missing = [n for n in names if n not in self.columns]
+        if missing:
+            raise InvalidInput(f"drop: no column(s) {missing} in {self.columns}")
+        return self._map(lambda df: df.drop(*names), f"drop {names}")
+
+    def with_window(self, time_column: str, size: str, slide: str | None = None,
+                    start: str | None = None) -> Frame:
+        """Add ``window_start``/``window_end``: the tumbling (no ``slide``) or hopping windows
+        that hold ``time_column``; a hopping window repeats the row once per window."""
+        from pyspark.sql import functions as F
+
+        duration_us(size, "window size")
+        if slide is not None:
+            duration_us(slide, "window slide")
+        tmp = f"{PREFIX}window"
+
+        def fn(df):
+            w = F.window(_col(time_column), size, slide, start)
+            return df.select("*", w.alias(tmp)).select(
+                *[_col(c) for c in df.columns], F.col(f"{tmp}.start").alias("window_start"),
+                F.col(f"{tmp}.end").alias("window_end"))
+
+        return self._map(fn, f"window {time_column} {size} {slide} {start}")
+
+    def with_watermark(self, column: str, delay: str) -> Frame:
+        """Declare ``column`` as event time, complete up to (max seen - ``delay``)."""
+        if column not in self.columns:
+            raise InvalidInput(f"with_watermark: no column {column!r} in {self.columns}")
+        if not pa.types.is_timestamp(self.schema.field(column).type):
+            raise InvalidInput(f"with_watermark: {column!r} is {self.schema.field(column).type}"
+                               ", not a timestamp")
+        return self._map(lambda df: df, f"watermark {column} {delay}", event_time=column,
+                         delay_us=duration_us(delay, "watermark delay"))
+
+    def union(self, other: Frame) -> Frame:
+        """UNION ALL (by column name): both inputs' changes, added up."""
+        return Frame(self.pipeline, self.pipeline._add_union([self.node, other.node]))
+
+    union_all = union
+
+    # ---- stateful steps ---------------------------------------------------------------
+    def group_by(self, *keys) -> GroupedFrame:
+        """Group keys: names, Columns, or ``F.window(time, size[, slide])``."""
+        return GroupedFrame(self, [k for group in keys for k in (
+            group if isinstance(group, list | tuple) else [group])])
+
+    groupBy = group_by  # noqa: N815 — PySpark's spelling, for pasted code
+
+    def agg(self, *aggs) -> Frame:
+        """A global aggregate: one row over the whole input (count 0 over no rows)."""
+        return GroupedFrame(self, []).agg(*aggs)
+
+    def join(self, other: Frame, on=None, how: str = "inner", *, left_on=None, right_on=None,
+             name: str | None = None) -> Frame:
+        """Equi-join (SQL semantics: NULL keys never match): inner, left, right, full,
+        left_semi, left_anti; ``on`` names columns of both sides, or ``left_on``/``right_on``."""
+        if isinstance(on, str):
+            on = [on]
+        if isinstance(left_on, str):
+            left_on = [left_on]
+        if isinstance(right_on, str):
+            right_on = [right_on]
+        node = self.pipeline.join(self.node, other.node, on, name or "", how=how,
+                                  left_on=left_on, right_on=right_on)
+        return Frame(self.pipeline, node)
+
+    def distinct(self, name: str | None = None) -> Frame:
+        return Frame(self.pipeline, self.pipeline.distinct(
+            self.node, name or self.pipeline._auto_name("distinct")))
+
+    # ---- sinks ------------------------------------------------------------------------
+    def write_shard(self, shard: str, mode: str = "update") -> None:
+        """Write this frame's changes to a persist shard: ``update`` (default) writes every
+        change (the shard's contents = the query's current result); ``append`` writes each
+        window's rows once, when the watermark has passed the window's end."""
+        self.pipeline.write_shard(self.node, shard, mode=mode)
+
+
+class GroupedFrame:
+    def __init__(self, frame: Frame, keys: list):
+        self.frame = frame
+        self.keys = keys
+
+    def agg(self, *aggs, name: str | None = None) -> Frame:
+        """Aggregate columns as PySpark builds them: F.count("*"), F.count(c), F.sum, F.avg,
+        F.min, F.max, F.count_distinct, each optionally ``.alias(...)`` and over expressions."""
+        from headrace.pipeline.aggspec import plan_aggregate
+
+        if not aggs:
+            raise InvalidInput("agg needs at least one aggregate column, e.g. F.count('*')")
+        aggs = [a for group in aggs for a in (group if isinstance(group, list | tuple)
+                                              else [group])]
+        from headrace.pipeline.aggspec import check_types
+
+        frame, by = self._keyed()
+        pre, params, expected = plan_aggregate(frame, by, aggs)
+        if pre is not None:
+            frame = frame._map(pre[0], pre[1])
+        p = self.frame.pipeline
+        node = p._add("aggregate", name or p._auto_name("aggregate"), [frame.node], params)
+        check_types(node.schema, expected, f"aggregate {node.name!r}")
+        out = Frame(p, node)
+        if expected.names != out.columns:  # Spark's column order when the kernel's differs
+            out = out.select(*expected.names)
+        return out
+
+    def count(self) -> Frame:
+        from pyspark.sql import functions as F
+
+        return self.agg(F.count("*").alias("count"))
+
+    def _keyed(self) -> tuple[Frame, list[str]]:
+        """The frame with every group key as a column (windows expanded), and their names."""
+        frame, names = self.frame, []
+        for k in self.keys:
+            if isinstance(k, str):
+                if k not in frame.columns:
+                    raise InvalidInput(f"group_by: no column {k!r} in {frame.columns}")
+                names.append(k)
+                continue
+            m = _WINDOW.match(str(k))
+            if m:
+                time_col = m.group(1).strip("`")
+                frame = frame.with_window(time_col, m.group(2), m.group(3), m.group(4))
+                names += ["window_start", "window_end"]
+                continue
+            spark = frame.pipeline.spark
+            probe = spark.createDataFrame([], frame.pipeline._spark_struct(frame.schema))
+            kname = probe.select(k).columns[0]
+            frame = frame.with_column(kname, k) if kname not in frame.columns else frame
+            names.append(kname)
+        return frame, names
