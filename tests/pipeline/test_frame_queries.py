@@ -2,11 +2,13 @@
 and once in PySpark, over the same rows (inserts, then retractions and more inserts in a second
 run of the pipeline), must give the same rows, value for value.
 
-One pipeline holds every query (one sink each), so the whole differential costs two runs."""
+One pipeline holds every query (one sink each), so the whole differential costs two runs; its
+two tables come from two queues."""
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import random
 
 import pytest
@@ -22,7 +24,9 @@ from headrace.testing.queries import (
 pytestmark = pytest.mark.spark
 
 SCHEMAS = {"bid": "auction long, bidder long, price long, dateTime timestamp, channel string",
-           "auction": "id long, seller long, category long, reserve double"}
+           "auction": "id long, seller long, category long, reserve double",
+           "typed": "k int, amount decimal(12,2), day date, ratio float, blob binary, "
+                    "flag boolean"}
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
@@ -35,7 +39,12 @@ def _rows(seed: int):
     auctions = [{"id": i, "seller": rnd.randint(1, 3), "category": rnd.choice([1, 2, None]),
                  "reserve": rnd.choice([0.0, -0.0, float("nan"), 10.5, None])}
                 for i in (1, 2, 3, 4, 7)]
-    return bids, auctions
+    typed = [{"k": rnd.randint(-2, 5), "amount": rnd.choice([None, decimal.Decimal(
+                  f"{rnd.randint(-99999, 99999)}.{rnd.randint(0, 99):02d}")]),
+              "day": dt.date(2026, 1, rnd.randint(1, 3)), "ratio": rnd.choice([0.5, -0.0, 2.25]),
+              "blob": rnd.choice([b"\x00\x1f", b"", None, b"\xff" * 3]),
+              "flag": rnd.choice([True, False, None])} for _ in range(40)]
+    return bids, auctions, typed
 
 
 def _f():
@@ -99,9 +108,11 @@ QUERIES = {
             _f().count("*").alias("n")),
         lambda s: _window_cols(s["bid"].groupBy(
             _f().window("dateTime", "10 seconds", "5 seconds")).agg(_f().count("*").alias("n")))),
-    "inner_join": (
-        lambda s: s["bid"].join(s["auction"], left_on="auction", right_on="id"),
-        lambda s: s["bid"].join(s["auction"], s["bid"].auction == s["auction"].id)),
+    "inner_join_then_select": (
+        lambda s: s["bid"].join(s["auction"], left_on="auction", right_on="id").select(
+            "auction", "price", "seller"),
+        lambda s: s["bid"].join(s["auction"], s["bid"].auction == s["auction"].id).select(
+            "auction", "price", "seller")),
     "full_join": (
         lambda s: s["bid"].join(s["auction"], left_on="auction", right_on="id", how="full"),
         lambda s: s["bid"].join(s["auction"], s["bid"].auction == s["auction"].id, "full")),
@@ -110,6 +121,18 @@ QUERIES = {
                                 how="left_anti"),
         lambda s: s["bid"].join(s["auction"], s["bid"].auction == s["auction"].id,
                                 "left_anti")),
+    "all_types_passthrough": (
+        lambda s: s["typed"].filter("k > 0"),
+        lambda s: s["typed"].filter("k > 0")),
+    "all_types_grouped": (
+        lambda s: s["typed"].group_by("day", "flag").agg(
+            _f().sum("amount").alias("total"), _f().max("ratio").alias("top"),
+            _f().count("blob").alias("blobs"), _f().min("blob").alias("first_blob"),
+            _f().count_distinct("amount").alias("amounts")),
+        lambda s: s["typed"].groupBy("day", "flag").agg(
+            _f().sum("amount").alias("total"), _f().max("ratio").alias("top"),
+            _f().count("blob").alias("blobs"), _f().min("blob").alias("first_blob"),
+            _f().count_distinct("amount").alias("amounts"))),
     "distinct": (
         lambda s: s["bid"].select("auction", "channel").distinct(),
         lambda s: s["bid"].select("auction", "channel").distinct()),
@@ -130,22 +153,28 @@ def results(spark, tmp_path_factory):
 
     root = str(tmp_path_factory.mktemp("frames") / "store")
     ckpt = str(tmp_path_factory.mktemp("frames-ck"))
-    bids, auctions = _rows(7)
-    more_bids, _ = _rows(8)
+    bids, auctions, typed = _rows(7)
+    more_bids, _, more_typed = _rows(8)
     gone_bids, gone_auctions = bids[:40], auctions[:1]
-    waves = [encode_entries("bid", bids) + encode_entries("auction", auctions),
-             encode_entries("bid", gone_bids, weight=-1)
-             + encode_entries("auction", gone_auctions, weight=-1)
-             + encode_entries("bid", more_bids[:60])]
+    # bids and auctions come from two queues: one pipeline reads both
+    waves = [(encode_entries("bid", bids) + encode_entries("typed", typed),
+              encode_entries("auction", auctions)),
+             (encode_entries("bid", gone_bids, weight=-1) + encode_entries("bid", more_bids[:60])
+              + encode_entries("typed", typed[:10], weight=-1)
+              + encode_entries("typed", more_typed[:10]),
+              encode_entries("auction", gone_auctions, weight=-1))]
     p = None
-    for wave in waves:
-        produce_entries(root, "in", wave)
+    for bid_entries, auction_entries in waves:
+        produce_entries(root, "bids", bid_entries)
+        produce_entries(root, "auctions", auction_entries)
         p = Pipeline(spark, root, name="frames", partitions=2, buckets=4, checkpoint_dir=ckpt)
-        src = p.read_queue("in", SCHEMAS)
+        src = {**p.read_queue("bids", {"bid": SCHEMAS["bid"], "typed": SCHEMAS["typed"]}),
+               **p.read_queue("auctions", {"auction": SCHEMAS["auction"]})}
         for name, (query, _) in QUERIES.items():
             query(src).write_shard(name)
         p.run(until_idle=True)
-    net = {"bid": bids[40:] + more_bids[:60], "auction": auctions[1:]}
+    net = {"bid": bids[40:] + more_bids[:60], "auction": auctions[1:],
+           "typed": typed[10:] + more_typed[:10]}
     return p, net
 
 
@@ -163,7 +192,7 @@ def test_definition_errors_are_clear(spark, tmp_path):
 
     F = _f()
     p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))
-    bid = p.read_queue("in", SCHEMAS)["bid"]
+    bid = p.read_queue("bids", SCHEMAS)["bid"]
     with pytest.raises(InvalidInput, match="nope"):
         bid.filter(F.col("nope") > 1)
     with pytest.raises(InvalidInput, match="not supported"):

@@ -33,6 +33,12 @@ def _node(x) -> Node:
     return x.node if isinstance(x, Frame) else x
 
 
+def _behind_maps(node: Node) -> Node:
+    while isinstance(node, Map):
+        node = node.source
+    return node
+
+
 class QueueTables:
     """``p.read_queue("q").table("bid", "auction long, ...")``: one table at a time."""
 
@@ -49,7 +55,7 @@ class PipelineBuilder:
     spark: object
     nodes: list[Node]
     sinks: list[Sink]
-    queue: str | None
+    queues: list[str]
     buckets: int
     state_backend: str
 
@@ -58,11 +64,10 @@ class PipelineBuilder:
         """Entries of ``queue`` are JSON objects ``{"table": T, "w": ±n, <columns>}``.
         Returns {table: Frame}; without ``tables``, an object whose ``.table(name, schema)``
         adds one table at a time."""
-        if self.queue not in (None, queue):
-            raise InvalidInput("a pipeline reads one queue (its tables may be many)")
         if tables is None:
             return QueueTables(self, queue)
-        self.queue = queue
+        if queue not in self.queues:
+            self.queues.append(queue)
         out = {}
         for table, spec in tables.items():
             schema = parse_schema(spec, f"table {table!r}")
@@ -107,7 +112,7 @@ class PipelineBuilder:
         return (spark_ddl(schema) + ", " if len(schema) else "") + f"`{W}` bigint"
 
     def _add_map(self, source: Node, fn, text: str, event_time: str | None = None,
-                 delay_us: int | None = None) -> Node:
+                 delay_us: int | None = None, window: tuple[str, int] | None = None) -> Node:
         """A stateless step, analysed by Spark now (unknown columns, bad types fail here)."""
         self._check_inputs([source])
         probe = self.spark.createDataFrame([], self._spark_struct(source.schema))
@@ -121,10 +126,15 @@ class PipelineBuilder:
 
         struct = StructType([f for f in out.schema.fields if f.name != W])
         schema = arrow_schema(struct, text)
+        declares = event_time is not None
         if event_time is None and getattr(source, "event_time", None) in schema.names:
             event_time, delay_us = source.event_time, source.delay_us
+        if window is None and getattr(source, "window", None) and {
+                "window_start", "window_end"} <= set(schema.names):
+            window = source.window
         node = Map(name=self._auto_name("map"), schema=schema, source=source, fn=fn, text=text,
-                   event_time=event_time, delay_us=delay_us)
+                   event_time=event_time, delay_us=delay_us, declares_watermark=declares,
+                   window=window)
         self.nodes.append(node)
         return node
 
@@ -166,9 +176,19 @@ class PipelineBuilder:
         self._check_inputs([node])
         if mode not in SINK_MODES:
             raise InvalidInput(f"write_shard mode must be one of {SINK_MODES}, got {mode!r}")
+        final = _behind_maps(node)  # filters and projections of final rows are final rows
         if mode == "append":
-            raise InvalidInput("mode='append' needs event time (with_watermark + a windowed "
-                               "group_by), which is not built yet; use mode='update'")
+            if not (isinstance(final, Operator) and final.expiry):
+                raise InvalidInput(f"shard {shard!r}: mode='append' needs an aggregate grouped "
+                                   "by event time (with_watermark, then group_by a window of "
+                                   "that column): only its rows become final; use 'update'")
+            if any(s.mode == "update" and _behind_maps(s.node) is final for s in self.sinks):
+                raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds an update sink; an "
+                                   "aggregate emits either changes or final rows")
+            final.emit_final = True
+        elif isinstance(final, Operator) and final.emit_final:
+            raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds an append sink; an "
+                               "aggregate emits either changes or final rows")
         taken = sorted(set(node.schema.names) & {"time", "diff"})
         if taken:
             raise InvalidInput(f"shard {shard!r}: output column(s) {taken} collide with the "

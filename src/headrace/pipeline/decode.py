@@ -26,30 +26,36 @@ from headrace.pipeline.plan import SourceTable, spark_ddl
 TABLE = f"{PREFIX}table"
 CORRUPT = f"{PREFIX}corrupt"
 MAX_ENTRY_BYTES = 1 << 20
-DEAD_LETTER_SCHEMA = pa.schema([("sequence", pa.int64()), ("index", pa.int32()),
-                                ("table", pa.string()), ("field", pa.string()),
-                                ("reason", pa.string()), ("entry", pa.binary())])
-BAD_INPUT_DDL = "sequence long, index int, entry binary"
+DEAD_LETTER_SCHEMA = pa.schema([("queue", pa.string()), ("sequence", pa.int64()),
+                                ("index", pa.int32()), ("table", pa.string()),
+                                ("field", pa.string()), ("reason", pa.string()),
+                                ("entry", pa.binary())])
+ENTRY_COLUMNS = ("queue", "sequence", "index", "entry")  # a micro-batch's input rows
 _EXAMPLES = 5  # bad entries described in full per task (fail mode)
 
 
 def decode(entries_df, sources: list[SourceTable], max_entry_bytes: int = MAX_ENTRY_BYTES):
     """(frames: {source name: DataFrame of its columns + W}, bad: DataFrame of bad entries).
 
-    ``entries_df`` has (sequence, index, entry) and should be persisted by the caller: every
-    table's branch and the bad-entry branch read it."""
+    ``entries_df`` has ENTRY_COLUMNS and should be persisted by the caller: every table's
+    branch and the bad-entry branch read it."""
     from pyspark.sql import functions as F
 
     text = F.col("entry").cast("string")
     tagged = entries_df.withColumn(TABLE, F.get_json_object(text, "$.table"))
     too_big = F.length(F.col("entry")) > F.lit(max_entry_bytes)
-    known = [s.table for s in sources]
+    by_queue: dict[str, list[str]] = {}
+    for s in sources:
+        by_queue.setdefault(s.queue, []).append(s.table)
+    known = reduce(lambda a, b: a | b, [(F.col("queue") == F.lit(q)) & F.col(TABLE).isin(ts)
+                                        for q, ts in by_queue.items()])
     frames, bad = {}, []
-    bad.append(tagged.filter(too_big | F.col(TABLE).isNull() | ~F.col(TABLE).isin(known)))
+    bad.append(tagged.filter(too_big | F.col(TABLE).isNull() | ~known))
     for node in sources:
         ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
-        rows = tagged.filter(~too_big & (F.col(TABLE) == F.lit(node.table)))
-        parsed = rows.select("sequence", "index", "entry", F.from_json(
+        rows = tagged.filter(~too_big & (F.col("queue") == F.lit(node.queue))
+                             & (F.col(TABLE) == F.lit(node.table)))
+        parsed = rows.select(*ENTRY_COLUMNS, F.from_json(
             text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"))
         # a NULL column is either an explicit null (fine) or a missing field (bad): only then
         # are the entry's keys listed (a second parse), so complete rows pay one parse
@@ -63,8 +69,8 @@ def decode(entries_df, sources: list[SourceTable], max_entry_bytes: int = MAX_EN
         frames[node.name] = parsed.filter(ok).select(
             *[F.col(f"r.`{c}`").alias(c) for c in node.schema.names],
             F.coalesce(F.col("r.w"), F.lit(1)).cast("long").alias(W))
-        bad.append(parsed.filter(~ok).select("sequence", "index", "entry"))
-    bad[0] = bad[0].select("sequence", "index", "entry")
+        bad.append(parsed.filter(~ok).select(*ENTRY_COLUMNS))
+    bad[0] = bad[0].select(*ENTRY_COLUMNS)
     return frames, reduce(lambda a, b: a.union(b), bad)
 
 
@@ -89,7 +95,7 @@ def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -
         if f.name not in obj:
             return table, f.name, f"missing column {f.name!r} ({f.type})"
         if not _fits(obj[f.name], f.type):
-            return table, f.name, f"value {str(obj[f.name])[:60]!r} is not a {f.type}"
+            return table, f.name, f"value {str(obj[f.name])[:60]!r} is not of type {f.type}"
     return table, None, "refused by Spark's JSON parser"
 
 
@@ -114,24 +120,30 @@ def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter
     summary) and, with a dead-letter shard, its part ("part"/"out", like an output)."""
     from headrace.pipeline.tasks import schema_from_bytes, table_to_ipc
 
-    schemas = {t: schema_from_bytes(b) for t, b in tables.items()}
+    schemas: dict[str, dict[str, pa.Schema]] = {}  # queue -> table -> schema
+    for (queue, table), b in tables.items():
+        schemas.setdefault(queue, {})[table] = schema_from_bytes(b)
 
     def fn(batches):
-        rows = pa.Table.from_batches(list(batches), schema=pa.schema(
-            [("sequence", pa.int64()), ("index", pa.int32()), ("entry", pa.binary())]))
+        schema = pa.schema([("queue", pa.string()), ("sequence", pa.int64()),
+                            ("index", pa.int32()), ("entry", pa.binary())])
+        # Spark may mark a column non-nullable in some batches: same types, so cast
+        rows = pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
         if rows.num_rows == 0:
             return
-        entries = rows["entry"].to_pylist()
-        described = [describe(e, schemas, max_entry_bytes) for e in entries]
+        entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
+        described = [describe(e, schemas.get(q, {}), max_entry_bytes)
+                     for e, q in zip(entries, queues, strict=True)]
         seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
         summary = {"count": rows.num_rows, "examples": [
-            {"sequence": s, "index": i, "table": d[0], "field": d[1], "reason": d[2]}
-            for s, i, d in list(zip(seqs, idx, described, strict=True))[:_EXAMPLES]]}
+            {"queue": q, "sequence": s, "index": i, "table": d[0], "field": d[1],
+             "reason": d[2]}
+            for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:_EXAMPLES]]}
         control = [("bad", pickle.dumps(summary))]
         if dead_letter is not None:
             n = rows.num_rows
             part = pa.table({
-                "sequence": rows["sequence"], "index": rows["index"],
+                "queue": rows["queue"], "sequence": rows["sequence"], "index": rows["index"],
                 "table": pa.array([d[0] for d in described], pa.string()),
                 "field": pa.array([d[1] for d in described], pa.string()),
                 "reason": pa.array([d[2] for d in described], pa.string()),

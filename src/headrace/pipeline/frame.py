@@ -71,9 +71,9 @@ class Frame:
 
     # ---- stateless steps --------------------------------------------------------------
     def _map(self, fn, text: str, *, event_time: str | None = None,
-             delay_us: int | None = None) -> Frame:
+             delay_us: int | None = None, window: tuple[str, int] | None = None) -> Frame:
         return Frame(self.pipeline, self.pipeline._add_map(self.node, fn, text, event_time,
-                                                           delay_us))
+                                                           delay_us, window))
 
     def filter(self, condition) -> Frame:
         """Rows where ``condition`` (a Column or a SQL string) is true; NULL drops the row."""
@@ -118,7 +118,7 @@ class Frame:
         that hold ``time_column``; a hopping window repeats the row once per window."""
         from pyspark.sql import functions as F
 
-        duration_us(size, "window size")
+        size_us = duration_us(size, "window size")
         if slide is not None:
             duration_us(slide, "window slide")
         tmp = f"{PREFIX}window"
@@ -129,7 +129,8 @@ class Frame:
                 *[_col(c) for c in df.columns], F.col(f"{tmp}.start").alias("window_start"),
                 F.col(f"{tmp}.end").alias("window_end"))
 
-        return self._map(fn, f"window {time_column} {size} {slide} {start}")
+        return self._map(fn, f"window {time_column} {size} {slide} {start}",
+                         window=(time_column, size_us))
 
     def with_watermark(self, column: str, delay: str) -> Frame:
         """Declare ``column`` as event time, complete up to (max seen - ``delay``)."""
@@ -169,13 +170,11 @@ class Frame:
             left_on = [left_on]
         if isinstance(right_on, str):
             right_on = [right_on]
-        node = self.pipeline.join(self.node, other.node, on, name or "", how=how,
+        return self.pipeline.join(self.node, other.node, on, name or "", how=how,
                                   left_on=left_on, right_on=right_on)
-        return Frame(self.pipeline, node)
 
     def distinct(self, name: str | None = None) -> Frame:
-        return Frame(self.pipeline, self.pipeline.distinct(
-            self.node, name or self.pipeline._auto_name("distinct")))
+        return self.pipeline.distinct(self.node, name or self.pipeline._auto_name("distinct"))
 
     # ---- sinks ------------------------------------------------------------------------
     def write_shard(self, shard: str, mode: str = "update") -> None:
@@ -205,8 +204,12 @@ class GroupedFrame:
         pre, params, expected = plan_aggregate(frame, by, aggs)
         if pre is not None:
             frame = frame._map(pre[0], pre[1])
+        expiry = _expiry(frame.node, by)
+        if expiry is not None:  # the event-time column first: closed groups are a key prefix
+            params["by"] = [expiry["column"]] + [c for c in by if c != expiry["column"]]
         p = self.frame.pipeline
         node = p._add("aggregate", name or p._auto_name("aggregate"), [frame.node], params)
+        node.expiry = expiry
         check_types(node.schema, expected, f"aggregate {node.name!r}")
         out = Frame(p, node)
         if expected.names != out.columns:  # Spark's column order when the kernel's differs
@@ -239,3 +242,18 @@ class GroupedFrame:
             frame = frame.with_column(kname, k) if kname not in frame.columns else frame
             names.append(kname)
         return frame, names
+
+
+def _expiry(node: Node, by: list[str]) -> dict | None:
+    """How the groups of an aggregate over ``node`` become final, if they do: grouped by a
+    window of the watermarked column (final when window_end <= watermark) or by that column
+    itself (final when the value <= watermark)."""
+    event_time = getattr(node, "event_time", None)
+    if event_time is None:
+        return None
+    window = getattr(node, "window", None)
+    if window is not None and window[0] == event_time and "window_start" in by:
+        return {"column": "window_start", "offset_us": window[1]}
+    if event_time in by:
+        return {"column": event_time, "offset_us": 0}
+    return None

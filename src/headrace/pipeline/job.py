@@ -12,6 +12,7 @@ from functools import reduce
 
 import pyarrow as pa
 
+from headrace.pipeline import eventtime
 from headrace.pipeline.decode import bad_entries_task, decode
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
@@ -33,7 +34,8 @@ class RangeGone(LookupError):
 def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t: int,
                partitions: int, buckets: int, sinks: dict[int, list[str]],
                writer_ids: dict[str, str], persist_root: str, inline_max: int,
-               max_entry_bytes: int, dead_letter: str | None) -> pa.Table | None:
+               max_entry_bytes: int, dead_letter: str | None,
+               watermark_us: int | None = None) -> pa.Table | None:
     """Build and run the micro-batch's job; return the control rows (KIND, PAYLOAD).
     ``sinks``: id(operator node) -> the shards its output is written to in this run."""
     from pyspark import StorageLevel
@@ -42,16 +44,24 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     sources = [n for n in nodes if isinstance(n, SourceTable)]
     # every table's branch and the bad-entry branch read the entries: fetch them once
     entries_df = entries_df.persist(StorageLevel.MEMORY_AND_DISK)
+    # read the input once, now: the job's stages run concurrently (Spark's adaptive execution
+    # submits each exchange as its own job), and each would otherwise read and cache it anew
+    n_entries = entries_df.count()
     persisted = [entries_df]
     frames, bad = decode(entries_df, sources, max_entry_bytes)
-    control = [bad.mapInArrow(bad_entries_task(
-        {s.table: schema_to_bytes(s.schema) for s in sources}, max_entry_bytes, dead_letter,
+    control = [bad.coalesce(1).mapInArrow(bad_entries_task(  # bad entries are rare: 1 task
+        {(s.queue, s.table): schema_to_bytes(s.schema) for s in sources}, max_entry_bytes,
+        dead_letter,
         writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
-        f"`{KIND}` string, `{PAYLOAD}` binary")]
+        f"`{KIND}` string, `{PAYLOAD}` binary"),
+        spark.createDataFrame([("rows", str(n_entries).encode())],
+                              f"`{KIND}` string, `{PAYLOAD}` binary")]
     try:
         for node in nodes:
             if isinstance(node, Map):  # stateless: Spark expressions on the delta
                 frames[node.name] = node.apply(_frame(spark, frames, node.source))
+                if node.declares_watermark:
+                    control.append(eventtime.max_event_time(frames[node.name], node))
                 continue
             if isinstance(node, Union):
                 cols = [F.col(f"`{c}`") for c in node.schema.names] + [F.col(W)]
@@ -68,13 +78,19 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                     frame = frame.withColumn(SIDE, F.lit(i))
                 inputs.append(frame)
             frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), inputs)
+            expire = None
+            if node.expiry is not None:  # late rows dropped, closed groups expired
+                frame, late, expire = eventtime.prepare(spark, node, frame, watermark_us,
+                                                        buckets)
+                if late is not None:
+                    control.append(late)
             downstream = bool(consumers(nodes, node))
             spec = StageSpec(op=node.op, kind=node.kind,
                              inputs=[schema_to_bytes(s.schema) for s in node.sources],
                              output=schema_to_bytes(node.schema), params=node.params,
                              emit_rows=downstream, sinks=sinks.get(id(node), []), time=t,
                              persist_root=persist_root, writer_ids=writer_ids,
-                             inline_max=inline_max)
+                             inline_max=inline_max, expire=expire)
             if node.state_sides:  # rows of one key meet their state in one task
                 frame = frame.repartition(partitions, BUCKET)
             out = frame.mapInArrow(
@@ -123,11 +139,15 @@ def task_fn(spec: StageSpec, ctx: TaskContextSpec):
 
 
 def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int):
-    """Queue entries (after, through] as a DataFrame read by executors (the driver lists the
-    manifest only)."""
+    """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS read by executors (the
+    driver lists the manifest only)."""
+    from pyspark.sql import functions as F
+
     from headrace.buffer import list_entries
 
     manifest = f"{queue}/manifest"
+    if through <= after:
+        return spark.createDataFrame([], ENTRY_DDL)
     entries = [e for e in list_entries(store, manifest, after) if e.sequence <= through]
     if not entries or entries[-1].sequence != through:
         raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
@@ -147,4 +167,8 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
                 yield rb.select(["sequence", "index", "entry"])
 
     return df.repartition(min(len(meta), partitions)).mapInArrow(
-        read, "sequence long, index int, entry binary")
+        read, "sequence long, index int, entry binary").select(
+        F.lit(queue).alias("queue"), "sequence", "index", "entry")
+
+
+ENTRY_DDL = "queue string, sequence long, index int, entry binary"

@@ -142,6 +142,10 @@ class Operator(Node):
     params: dict = field(default_factory=dict)
     bucket_columns: list[list[str]] = field(default_factory=list)  # per input
     state_sides: int = 1
+    # event time (aggregates): {"column": first group column, "offset_us": n} — a group is
+    # final once column + offset <= watermark (a window's start + its size = its end)
+    expiry: dict | None = None
+    emit_final: bool = False  # append mode: output each group once, when final
 
     @property
     def inputs(self) -> list[Node]:
@@ -172,6 +176,8 @@ class Map(Node):
     text: str = ""
     event_time: str | None = None  # the watermarked column, if it survives this step
     delay_us: int | None = None
+    declares_watermark: bool = False  # with_watermark itself: its max event time is tracked
+    window: tuple[str, int] | None = None  # (time column, size µs) of window_start/window_end
 
     @property
     def inputs(self) -> list[Node]:
@@ -222,6 +228,8 @@ def fingerprint(nodes: list[Node], sinks: list[Sink], buckets: int, backend: str
             item.update(queue=n.queue, table=n.table)
         if isinstance(n, Map):
             item.update(text=n.text)
+        if isinstance(n, Operator) and (n.expiry or n.emit_final):
+            item.update(expiry=n.expiry, emit_final=n.emit_final)
         desc.append(item)
     desc.append({"sinks": [(s.node.name, s.shard, s.mode) for s in sinks], "partitions": buckets,
                  "backend": backend})

@@ -2,7 +2,8 @@
 
 At time t it holds, as rows (source, address): the last queue sequence consumed for each queue,
 the state version the batch produced (``STATE_KEY``) and a marker for the operator graph that
-wrote it (``GRAPH_KEY:fingerprint``). Appending time t is the one atomic step that commits a
+wrote it (``GRAPH_KEY:fingerprint``), and per ``with_watermark`` the largest event time seen
+(``WM_KEY:node``, µs), from which the next batch's watermark follows. Appending time t is the one atomic step that commits a
 micro-batch; everything before it is invisible, everything after it is idempotent.
 """
 
@@ -12,6 +13,7 @@ import pyarrow as pa
 
 STATE_KEY = "__state_version"
 GRAPH_KEY = "__graph"
+WM_KEY = "__event_time"
 
 
 def progress_at(persist, shard: str, t: int) -> dict[str, int]:

@@ -35,20 +35,29 @@ import logging
 import os
 import pickle
 import tempfile
+import threading
 import time
 import uuid
 from collections import defaultdict
+from functools import reduce
 
 import pyarrow as pa
 
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
 from headrace.pipeline.builder import PipelineBuilder
-from headrace.pipeline.decode import DEAD_LETTER_SCHEMA, MAX_ENTRY_BYTES
+from headrace.pipeline.decode import DEAD_LETTER_SCHEMA, ENTRY_COLUMNS, MAX_ENTRY_BYTES
+from headrace.pipeline.eventtime import parse_control
 from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
-from headrace.pipeline.plan import Node, Sink
-from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress, progress_at
+from headrace.pipeline.plan import Map, Node, Operator, Sink
+from headrace.pipeline.progress import (
+    GRAPH_KEY,
+    STATE_KEY,
+    WM_KEY,
+    commit_progress,
+    progress_at,
+)
 from headrace.pipeline.tasks import (
     INLINE_MAX,
     KIND,
@@ -108,7 +117,8 @@ class Pipeline(PipelineBuilder):
             raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
                                f"got {state_backend!r}")
         self.spark = spark
-        self.root = root
+        # Spark's workers may run in another directory: a local root must be absolute
+        self.root = root if "://" in root else os.path.abspath(root)
         self.name = name
         self.buckets = buckets
         # Spark tasks per stage: may change on any restart (state is laid out by bucket)
@@ -119,7 +129,7 @@ class Pipeline(PipelineBuilder):
         self.output_inline_max = output_inline_max  # output bytes a task may hand the driver
         self.dead_letter_shard = f"{name}.dead_letter" if on_bad_entry == "dead_letter" else None
         # the driver's store; tasks open ``root`` themselves (``store`` is for fault injection)
-        self.store = CountingStore(store if store is not None else open_store(root))
+        self.store = CountingStore(store if store is not None else open_store(self.root))
         self.batches_per_trigger = batches_per_trigger
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
@@ -129,12 +139,15 @@ class Pipeline(PipelineBuilder):
         self.local_root = local_root or os.path.join(tempfile.gettempdir(), "headrace-local")
         self.nodes: list[Node] = []
         self.sinks: list[Sink] = []
-        self.queue: str | None = None
+        self.queues: list[str] = []
         self.time = 0
         self.bindings: dict[str, int] = {}
         self.metrics: dict[str, float] = defaultdict(float)
         self._storage = None
         self.on_batch = None  # optional callback(dict) after each committed batch
+        self.last_batch: dict | None = None
+        self._query = None  # the running Spark query (processingTime runs)
+        self._stopping = threading.Event()
 
     @property
     def checkpoint_dir(self) -> str:
@@ -195,58 +208,86 @@ class Pipeline(PipelineBuilder):
             t = upper - 1
             prev = progress_at(self.persist, self.progress_shard, t - 1)
             log.info("recovering outputs of batch %d for %s", t, [s for s, _ in behind])
-            entries = self._range_df(prev.get(self.queue, -1), self.bindings[self.queue])
+            entries = reduce(lambda a, b: a.unionByName(b), [
+                self._range_df(q, prev.get(q, -1), self.bindings.get(q, -1))
+                for q in self.queues])  # an empty range: a no-data batch
             result = self._run_stages(entries, prev.get(STATE_KEY), t=t, write_state=False,
-                                      shards={s for s, _ in behind})
+                                      shards={s for s, _ in behind},
+                                      watermark=self._watermark(prev))
             self._link_outputs(result["outputs"], t, behind)
             self.metrics["replayed_batches"] += 1
         return self.time
 
-    def _range_df(self, after: int, through: int):
+    def _range_df(self, queue: str, after: int, through: int):
         try:
-            return range_df(self.spark, self.store, self.root, self.queue, after, through,
+            return range_df(self.spark, self.store, self.root, queue, after, through,
                             self.partitions)
         except RangeGone as e:
             raise PipelineError(str(e)) from e
 
     # ---- one micro-batch ---------------------------------------------------------------
     def process_entries(self, entries: pa.Table) -> None:
-        """Run one micro-batch over queue entries given as Arrow (sequence, index, entry),
-        outside a streaming query (backfills, tests); the same protocol as a streamed batch."""
-        if self.queue is None:
+        """Run one micro-batch over queue entries given as Arrow (sequence, index, entry, and
+        ``queue`` when the pipeline reads several), outside a streaming query (backfills,
+        tests); the same protocol as a streamed batch."""
+        if not self.queues:
             raise InvalidInput("process_entries needs read_queue(...) first")
-        end = pa.compute.max(entries["sequence"]).as_py() if entries.num_rows else None
-        self._process_range(self.spark.createDataFrame(entries), end)
+        if "queue" not in entries.column_names:
+            if len(self.queues) > 1:
+                raise InvalidInput("entries need a 'queue' column: the pipeline reads "
+                                   f"{self.queues}")
+            entries = entries.append_column("queue", pa.array([self.queues[0]] * len(entries),
+                                                              pa.string()))
+        ends = {}
+        for q in self.queues:
+            seqs = entries.filter(pa.compute.equal(entries["queue"], q))["sequence"]
+            ends[q] = pa.compute.max(seqs).as_py() if len(seqs) else None
+        self._process_range(self.spark.createDataFrame(entries.select(list(ENTRY_COLUMNS))),
+                            ends)
 
     def _process(self, df, batch_id: int) -> None:
         self._process_range(df, self._spark_batch_end(batch_id, df))
 
-    def _spark_batch_end(self, batch_id: int, df) -> int | None:
-        """The last queue sequence of Spark batch ``batch_id``, from Spark's offset log (the
-        source's end offset is the next sequence to read); a probe job only if it is absent."""
+    def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
+        """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log
+        (a source's end offset is the next sequence to read; one line per source, in the order
+        of the union ``run`` builds); a probe job only if the log is unreadable."""
         path = os.path.join(self.checkpoint_dir, "offsets", str(batch_id))
         try:
             with open(path, encoding="utf-8") as f:
                 lines = [ln for ln in f.read().splitlines() if ln.strip()]
-            return int(json.loads(lines[-1])["sequence"]) - 1
+            offsets = lines[-len(self.queues):]
+            if len(lines) < len(self.queues) + 2:  # version line, metadata line, sources
+                raise ValueError("fewer sources than queues")
+            return {q: int(json.loads(o)["sequence"]) - 1
+                    for q, o in zip(self.queues, offsets, strict=True)}
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             from pyspark.sql import functions as F
 
             log.warning("Spark offset log %s unreadable; probing the batch's end", path)
-            return df.agg(F.max("sequence")).collect()[0][0]
+            rows = df.groupBy("queue").agg(F.max("sequence").alias("m")).collect()
+            return {r["queue"]: r["m"] for r in rows}
 
-    def _process_range(self, df, end: int | None) -> None:
+    def _process_range(self, df, ends: dict[str, int | None], no_data: bool = False) -> None:
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
-        after = self.bindings.get(self.queue, -1)
-        if end is None or end <= after:
+        batch_counts = self.store.counts()
+        afters = {q: self.bindings.get(q, -1) for q in self.queues}
+        ends = {q: max(afters[q], ends[q] if ends.get(q) is not None else -1)
+                for q in self.queues}
+        if not no_data and ends == afters:
             return  # everything in this Spark batch was processed before a restart
         t = self.time
         prev_version = self.bindings.get(STATE_KEY)
-        df = df.filter(F.col("sequence") > F.lit(after)).select("sequence", "index", "entry")
+        fresh = reduce(lambda a, b: a | b, [(F.col("queue") == F.lit(q))
+                                            & (F.col("sequence") > F.lit(afters[q]))
+                                            & (F.col("sequence") <= F.lit(ends[q]))
+                                            for q in self.queues])
+        df = df.filter(fresh).select(*ENTRY_COLUMNS)
+        watermark = self._watermark(self.bindings)
         result = self._run_stages(df, prev_version, t=t, write_state=True,
-                                  shards={s for s, _ in self._outputs()})
+                                  shards={s for s, _ in self._outputs()}, watermark=watermark)
         if self.state_backend == "local+backup":
             # the state of time t = the previous buckets' snapshots + the ones changed now;
             # a crashed earlier attempt of t may have left a manifest: not committed, replace it
@@ -257,8 +298,8 @@ class Pipeline(PipelineBuilder):
             storage = self.storage()
             storage.absorb(result["runs"])
             version = storage.checkpoint()
-        new = {self.queue: int(end), STATE_KEY: int(version),
-               f"{GRAPH_KEY}:{self.fingerprint}": 0}
+        new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
+               f"{GRAPH_KEY}:{self.fingerprint}": 0, **self._event_times(result["wm"])}
         commit_progress(self.persist, self.progress_shard, t, self.bindings, new)
         if result["indexes"]:  # recorded durably: make the snapshots permanent
             from headrace.spark.local_state import finalize
@@ -271,10 +312,49 @@ class Pipeline(PipelineBuilder):
         seconds = time.perf_counter() - t0
         self.metrics["batch_seconds"] += seconds
         self.metrics["bad_entries"] += result["bad"]
+        counts = self.store.counts()
+        requests = {k: counts.get(k, 0) - batch_counts.get(k, 0)
+                    + result["task_requests"].get(k, 0)
+                    for k in sorted(set(counts) | set(result["task_requests"]))}
+        through = ends[self.queues[0]] if len(self.queues) == 1 else ends
+        self.last_batch = {"time": t, "through_sequence": through, "state_version": int(version),
+                           "seconds": round(seconds, 3), "input_rows": result["input_rows"],
+                           "rows_per_second": round(result["input_rows"] / max(seconds, 1e-9), 1),
+                           "bad_entries": result["bad"],
+                           "late_rows": result["late"], "watermark_us": watermark,
+                           "requests": requests}
         if self.on_batch is not None:
-            self.on_batch({"time": t, "through_sequence": int(end), "state_version": int(version),
-                           "seconds": round(seconds, 3), "bad_entries": result["bad"]})
-        log.info("batch t=%d: through sequence %d, state v%d, %.3f s", t, end, version, seconds)
+            self.on_batch(dict(self.last_batch))
+        log.info("batch t=%d: through %s, state v%d, %.3f s", t, ends, version, seconds)
+        if self._expiring() and self._watermark(new) != watermark:
+            # Spark's "no-data batch": windows the new watermark closes are expired (and, in
+            # append mode, emitted) now, not when more input happens to arrive
+            self._process_range(df.limit(0), ends, no_data=True)
+
+    # ---- event time --------------------------------------------------------------------
+    def _watermarks(self) -> list:
+        return [n for n in self.nodes if isinstance(n, Map) and n.declares_watermark]
+
+    def _expiring(self) -> bool:
+        return any(isinstance(n, Operator) and n.expiry for n in self.nodes)
+
+    def _watermark(self, bindings: dict) -> int | None:
+        """The watermark (µs) of the next batch: min over with_watermark nodes of (largest
+        event time seen so far - delay); None until every one has seen a row."""
+        marks = [bindings.get(f"{WM_KEY}:{n.name}") for n in self._watermarks()]
+        if not marks or any(m is None for m in marks):
+            return None
+        return min(m - n.delay_us for m, n in zip(marks, self._watermarks(), strict=True))
+
+    def _event_times(self, seen: dict[str, int]) -> dict[str, int]:
+        """Largest event time per watermark node, through this batch (for the bindings)."""
+        out = {}
+        for n in self._watermarks():
+            key = f"{WM_KEY}:{n.name}"
+            vals = [v for v in (self.bindings.get(key), seen.get(n.name)) if v is not None]
+            if vals:
+                out[key] = int(max(vals))
+        return out
 
     def _outputs(self) -> list[tuple[str, pa.Schema]]:
         """Every shard a batch writes at its time: the sinks, and the dead-letter shard."""
@@ -290,7 +370,7 @@ class Pipeline(PipelineBuilder):
 
     # ---- the Spark job of a micro-batch ------------------------------------------------
     def _run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
-                    shards: set[str]) -> dict:
+                    shards: set[str], watermark: int | None = None) -> dict:
         """Run every operator over the entries in one Spark job; absorb its control rows."""
         ctx = TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
                               run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}", cache_dir=self.cache_dir,
@@ -307,12 +387,14 @@ class Pipeline(PipelineBuilder):
                                          for s in self.sinks},
             writer_ids=writer_ids, persist_root=self.persist.root,
             inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
-            dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None)
+            dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
+            watermark_us=watermark)
         return self._absorb_control(rows)
 
     def _absorb_control(self, rows: pa.Table | None) -> dict:
         runs, indexes, outputs = [], {}, OutputCollector()
-        bad, examples = 0, []
+        bad, examples, seen, late, task_requests = 0, [], {}, 0, defaultdict(int)
+        input_rows = 0
         if rows is not None:
             for kind, payload in zip(rows[KIND].to_pylist(), rows[PAYLOAD].to_pylist(),
                                      strict=True):
@@ -326,14 +408,23 @@ class Pipeline(PipelineBuilder):
                     summary = pickle.loads(payload)
                     bad += summary["count"]
                     examples += summary["examples"]
+                elif kind == "rows":
+                    input_rows += int(payload)
+                elif kind in ("wm", "late"):
+                    got = parse_control(payload)
+                    if got is not None and kind == "wm":
+                        seen[got[0]] = max(got[1], seen.get(got[0], got[1]))
+                    elif got is not None:
+                        late += got[1]
                 elif kind == "metrics":
                     for k, v in json.loads(payload).items():
                         self.metrics[f"task_{k}"] += v
+                        task_requests[k] += v
         self.metrics["driver_inline_output_bytes_max"] = max(
             self.metrics["driver_inline_output_bytes_max"], outputs.inline_bytes)
         if bad and self.on_bad_entry == "fail":
             e = min(examples, key=lambda x: (x["sequence"], x["index"]))
-            where = f"queue {self.queue!r} sequence {e['sequence']} entry {e['index']}"
+            where = f"queue {e['queue']!r} sequence {e['sequence']} entry {e['index']}"
             if e["table"] is not None:
                 where += f", table {e['table']!r}"
             if e["field"] is not None:
@@ -341,15 +432,20 @@ class Pipeline(PipelineBuilder):
             raise BadEntry(f"{where}: {e['reason']} ({bad} bad entries in this batch; nothing "
                            "was committed; Pipeline(on_bad_entry='dead_letter') keeps them "
                            "in a dead-letter shard instead)")
-        return {"runs": runs, "indexes": indexes, "outputs": outputs, "bad": bad}
+        self.metrics["late_rows"] += late
+        return {"runs": runs, "indexes": indexes, "outputs": outputs, "bad": bad, "wm": seen,
+                "late": late, "task_requests": dict(task_requests), "input_rows": input_rows}
 
     # ---- running ----------------------------------------------------------------------
     def run(self, *, until_idle: bool = True, max_runs: int | None = None,
             processing_time: str | None = None, timeout_s: float | None = None) -> int:
         """Recover, then process the queue. until_idle: repeat availableNow runs until one finds
         nothing new; otherwise a processingTime trigger until ``timeout_s``. Returns batches."""
-        if self.queue is None or not self.sinks:
+        if not self.queues or not self.sinks:
             raise InvalidInput("a pipeline needs read_queue(...) and at least one write_shard")
+        if self._expiring() and self.state_backend == "local+backup":
+            raise InvalidInput("event-time aggregates (watermarks) need state_backend="
+                               "'reservoir': the local+backup state cannot expire windows yet")
         from headrace.spark.queue_source import register
 
         register(self.spark)
@@ -358,12 +454,7 @@ class Pipeline(PipelineBuilder):
         runs = 0
         while True:
             before = self.metrics["batches"]
-            reader = (self.spark.readStream.format("headrace.queue")
-                      .option("url", self.root)
-                      .option("manifest_path", f"{self.queue}/manifest"))
-            if self.batches_per_trigger:
-                reader = reader.option("max_batches_per_trigger", str(self.batches_per_trigger))
-            reader = reader.load()
+            reader = self._input_stream()
             writer = (reader.writeStream.foreachBatch(self._process)
                       .option("checkpointLocation", self.checkpoint_dir))
             try:
@@ -372,8 +463,13 @@ class Pipeline(PipelineBuilder):
                     query.awaitTermination()
                 else:
                     query = writer.trigger(processingTime=processing_time or "1 second").start()
-                    query.awaitTermination(timeout_s)
+                    self._query = query
+                    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                    while query.isActive and not self._stopping.is_set() and (
+                            deadline is None or time.monotonic() < deadline):
+                        query.awaitTermination(0.5)
                     query.stop()
+                    query.awaitTermination()  # raises what killed it, if anything did
             except Exception as e:  # the query died: what failed inside a batch is in its text
                 raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "
                                     f"{_first_error_line(e)}") from e
@@ -383,6 +479,28 @@ class Pipeline(PipelineBuilder):
             if max_runs is not None and runs >= max_runs:
                 break
         return int(self.metrics["batches"] - start_batches)
+
+    def _input_stream(self):
+        """The union of every queue's stream, each row tagged with its queue (Spark's offset
+        log lists the sources in this order: see ``_spark_batch_end``)."""
+        from pyspark.sql import functions as F
+
+        streams = []
+        for q in self.queues:
+            r = (self.spark.readStream.format("headrace.queue").option("url", self.root)
+                 .option("manifest_path", f"{q}/manifest"))
+            if self.batches_per_trigger:
+                r = r.option("max_batches_per_trigger", str(self.batches_per_trigger))
+            streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index",
+                                           "entry"))
+        return reduce(lambda a, b: a.unionByName(b), streams)
+
+    def start(self, processing_time: str = "1 second"):
+        """Run in the background; returns a :class:`~headrace.pipeline.query.PipelineQuery`
+        (status, last_progress, stop(), await_termination()), like Spark's StreamingQuery."""
+        from headrace.pipeline.query import PipelineQuery
+
+        return PipelineQuery(self, processing_time)
 
     def read_shard(self, shard: str, as_of: int | None = None) -> pa.Table:
         """The consolidated contents of an output shard (latest complete time by default)."""

@@ -35,6 +35,7 @@ KIND = f"{PREFIX}kind"
 PAYLOAD = f"{PREFIX}payload"
 INLINE_MAX = 256 * 1024  # an output part smaller than this goes to the driver, not to a PUT
 STATE_FILE_BYTES = 16 << 20  # a task uploads its own state file past this; less goes inline
+TASK_LEVEL_ROWS_PER_BUCKET = 4096  # below: one kernel call for all of a task's buckets
 
 
 def schema_to_bytes(schema: pa.Schema) -> bytes:
@@ -77,6 +78,9 @@ class StageSpec:
     time: int = 0  # the pipeline time of this micro-batch (the sinks' update time)
     persist_root: str = "persist"
     inline_max: int = INLINE_MAX
+    # event time: (encoded group-key bound, emit) — drop groups below the bound from state
+    # (windows the watermark closed); emit = append mode: only those final rows are output
+    expire: tuple[bytes, bool] | None = None
 
     def kernel(self):
         return operators.build(self.kind, [schema_from_bytes(b) for b in self.inputs],
@@ -156,25 +160,11 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
     store = task_store(ctx.url)
     before = store.counts()
     states = _States(spec, ctx, store, partition_id, attempt)
-    outs = []
-    # a task holds several buckets: sort once, then take each bucket as a slice
-    table = table.sort_by(BUCKET)
-    ids = table[BUCKET].to_numpy()
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    ends = np.r_[starts[1:], len(ids)]
-    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        bucket = int(ids[lo])
-        rows = table.slice(lo, hi - lo)
-        if len(schemas) == 2:
-            deltas = [_side(rows, i, schemas[i]) for i in range(2)]
-        else:
-            deltas = [_columns(rows, schemas[0])]
-        opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
-        out = kernel.apply(deltas, opened)
-        for st in opened:
-            states.finish(st)
-        if out.num_rows:
-            outs.append(out)
+    if _task_level(kernel, spec, states, table):
+        outs = [_apply_task(kernel, table, schemas, states)]
+    else:
+        outs = _apply_per_bucket(kernel, table, schemas, states, spec)
+    outs = [o for o in outs if o.num_rows]
     out = (pa.concat_tables(outs) if outs
            else pa.schema([*out_schema, pa.field(W, pa.int64())]).empty_table())
     full = stage_schema(out_schema)
@@ -191,6 +181,72 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
     after = store.counts()
     control.append(("metrics", json.dumps({k: after[k] - before[k] for k in after}).encode()))
     yield _control_rows(control, full)
+
+
+def _task_level(kernel, spec: StageSpec, states: _States, table: pa.Table) -> bool:
+    """Whether to run the kernel once for all the task's buckets: with reservoir state, no
+    event-time expiry (per bucket), a kernel that names its state keys, and a delta small per
+    bucket — the per-bucket fixed cost is what one call saves (measured, 1M keys: 62 vs 100 ms
+    per task at 625 rows per bucket, equal at 3k, and per bucket wins at 30k, where one call's
+    hashing and sorting of 250k keys costs more than 8 calls of 31k)."""
+    if spec.expire is not None or states.local or not hasattr(kernel, "route_keys"):
+        return False
+    buckets = len(np.unique(table[BUCKET].to_numpy()))
+    return table.num_rows <= TASK_LEVEL_ROWS_PER_BUCKET * buckets
+
+
+def _apply_task(kernel, table: pa.Table, schemas: list[pa.Schema], states: _States) -> pa.Table:
+    """The kernel once over all of the task's buckets: per state side a TaskState routes each
+    state key to the bucket its delta row names (state/task.py)."""
+    from headrace.pipeline.state.task import Router, TaskState
+
+    if len(schemas) == 2:
+        sides = [table.filter(pc.equal(table[SIDE], i)) for i in range(2)]
+        deltas = [_columns(rows, schemas[i]) for i, rows in enumerate(sides)]
+    else:
+        sides = [table]
+        deltas = [_columns(table, schemas[0])]
+    buckets = [np.asarray(rows[BUCKET].to_numpy(), np.int64) for rows in sides]
+    ids = np.unique(np.concatenate(buckets)).tolist()
+    router = None
+    if len(ids) > 1:
+        router = Router([(keys, buckets[i]) for i, keys in kernel.route_keys(deltas)])
+    opened = [TaskState({b: states.open(s, b) for b in ids}, router)
+              for s in range(kernel.state_sides)]
+    out = kernel.apply(deltas, opened)
+    for st in opened:
+        states.finish(st)
+    return out
+
+
+def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states: _States,
+                      spec: StageSpec) -> list[pa.Table]:
+    """The kernel once per bucket (the local+backup backend, event-time expiry)."""
+    outs = []
+    # a task holds several buckets: sort once, then take each bucket as a slice
+    table = table.sort_by(BUCKET)
+    ids = table[BUCKET].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        bucket = int(ids[lo])
+        rows = table.slice(lo, hi - lo)
+        if spec.expire is not None:  # weight-0 rows only make every bucket expire its windows
+            rows = rows.filter(pc.not_equal(rows[W], 0))
+        if len(schemas) == 2:
+            deltas = [_side(rows, i, schemas[i]) for i in range(2)]
+        else:
+            deltas = [_columns(rows, schemas[0])]
+        opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
+        out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
+        if spec.expire is not None:
+            below, emit = spec.expire
+            final = kernel.expire(opened[0], below, emit)
+            out = final if emit or out is None else pa.concat_tables([out, final])
+        for st in opened:
+            states.finish(st)
+        outs.append(out)
+    return outs
 
 
 def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:

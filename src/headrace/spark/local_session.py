@@ -1,9 +1,11 @@
 """``headrace.spark.session()``: a local SparkSession that works with headrace out of the box.
 
 What a first run otherwise trips on: Python workers must run the interpreter that has headrace
-installed (``PYSPARK_PYTHON``), the driver must bind to loopback on machines without a resolvable
-host name, Arrow must be on for ``mapInArrow``, and the ``headrace.queue`` / ``headrace.shard``
-data sources must be registered on the session. This does all four.
+installed (``PYSPARK_PYTHON``; also ``PYSPARK_DRIVER_PYTHON``, the Python in which PySpark looks
+up the ``headrace.queue`` / ``headrace.shard`` data sources, see ``headrace.spark``), the driver
+must bind to loopback on machines without a resolvable host name, and Arrow must be on for
+``mapInArrow``. This does all three, and registers the data sources itself where PySpark's
+lookup could not.
 """
 
 from __future__ import annotations

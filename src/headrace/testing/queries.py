@@ -9,6 +9,7 @@ function over the same (net) rows; ``rows_equal`` compares them as multisets, va
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import decimal
 import json
@@ -25,14 +26,17 @@ def _json_value(v):
     if isinstance(v, dt.date):
         return v.isoformat()
     if isinstance(v, decimal.Decimal):
-        return float(v) if v == v.to_integral_value() and abs(v) < 2**53 else str(v)
+        return str(v)  # exact: Spark's JSON reader takes a decimal as text
+    if isinstance(v, bytes | bytearray):
+        return base64.b64encode(v).decode()  # Spark's JSON reader: binary is base64 text
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     return v
 
 
 def encode_entries(table: str, rows: list[dict], weight: int = 1) -> list[bytes]:
-    """Queue entries of ``rows`` for ``table`` (timestamps as ISO-8601 UTC strings)."""
+    """Queue entries of ``rows`` for ``table`` (timestamps as ISO-8601 UTC strings, dates as
+    ISO dates, decimals as text, binary as base64)."""
     return [json.dumps({"table": table, "w": weight,
                         **{k: _json_value(v) for k, v in r.items()}},
                        allow_nan=False).encode() for r in rows]

@@ -141,6 +141,23 @@ class AggregateKernel:
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.by)
 
+    def route_keys(self, deltas: list[pa.Table]) -> list[tuple[int, pa.Array]]:
+        """Every state key ``apply`` may read or write for these deltas, as (input, keys
+        aligned with that input's rows): a task-wide state routes each key to its row's
+        bucket, so one ``apply`` serves all of a task's buckets."""
+        delta = deltas[0]
+        g = (self.group_codec.encode(delta) if self.by
+             else pa.array([b""] * delta.num_rows, pa.binary()))
+        out = [(0, keys.concat_binary(ACC, g))]
+        for j, kind in enumerate(self.kinds):
+            tag = j.to_bytes(2, "big")
+            if kind in ("min", "max"):
+                out.append((0, keys.concat_binary(MULTISET + tag, g)))
+            elif kind == "count_distinct":
+                out.append((0, keys.concat_binary(DISTINCT + tag, g,
+                                                  self._distinct_codecs[j].encode(delta))))
+        return out
+
     def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         n_rows = delta.num_rows
@@ -257,6 +274,41 @@ class AggregateKernel:
 
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
+
+    def expire(self, state, below: bytes, emit: bool) -> pa.Table:
+        """Event time: drop every group whose encoded group key sorts below ``below`` (its
+        first group column is a window the watermark has closed) with its min/max multisets
+        and distinct values; with ``emit`` (append mode), return the groups' final rows (+1).
+        Reads only the key ranges of the closed groups (``state.scan(lo, hi)``)."""
+        if not self.by:
+            return self._empty()
+        found = [t for t in state.scan(ACC, ACC + below)]
+        if not found or not sum(t.num_rows for t in found):
+            return self._empty()
+        t = pa.concat_tables(found).combine_chunks()
+        gkeys = as_array(pc.binary_slice(t["key"], 1, 1 << 30))  # stop: Arrow needs one
+        state.delete_keys(t["key"])
+        for j, kind in enumerate(self.kinds):
+            tag = j.to_bytes(2, "big")
+            if kind in ("min", "max"):
+                state.delete_keys(keys.concat_binary(MULTISET + tag, gkeys))
+            elif kind == "count_distinct":
+                for d in state.scan(DISTINCT + tag, DISTINCT + tag + below):
+                    state.delete_keys(d["key"])
+        if not emit:
+            return self._empty()
+        decoded = self.acc_codec.decode(t["val"])
+        acc: dict[str, object] = {}
+        for f in self.acc_schema:
+            col = decoded[f.name]
+            if f.name.endswith("limbs"):
+                acc[f.name] = exactsum.unpack(col)
+            elif f.type == pa.int64():
+                acc[f.name] = np.asarray(col.to_numpy(), np.int64)
+            else:
+                acc[f.name] = as_array(col)
+        out = self._outputs(acc, gkeys).filter(pa.array(acc["n"] > 0))
+        return out.append_column(W, pa.array(fill(out.num_rows, 1)))
 
     def _acc_table(self, acc: dict) -> pa.Table:
         cols = []

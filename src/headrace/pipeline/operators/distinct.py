@@ -28,6 +28,10 @@ class DistinctKernel:
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.output_schema.names)
 
+    def route_keys(self, deltas: list[pa.Table]) -> list[tuple[int, pa.Array]]:
+        """The state key of each delta row; see AggregateKernel.route_keys."""
+        return [(0, self.codec.encode(deltas[0]))]
+
     def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         empty = pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()

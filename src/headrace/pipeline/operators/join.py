@@ -102,6 +102,19 @@ class JoinKernel:
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.left_on if input_index == 0 else self.right_on)
 
+    def route_keys(self, deltas: list[pa.Table]) -> list[tuple[int, pa.Array]]:
+        """The state key of each delta row (null for a NULL join key: never stored), as
+        (input, keys) pairs; see AggregateKernel.route_keys."""
+        out = []
+        for i, (delta, codec, on) in enumerate(((deltas[0], self.lkey, self.left_on),
+                                                (deltas[1], self.rkey, self.right_on))):
+            null = np.zeros(delta.num_rows, bool)
+            for c in on:
+                null |= np.asarray(as_array(delta[c]).is_null().to_numpy(zero_copy_only=False))
+            enc = codec.encode(delta)
+            out.append((i, pc.if_else(pa.array(null), pa.scalar(None, enc.type), enc)))
+        return out
+
     def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
         dl_rows, dr_rows = deltas
         lstate, rstate = states

@@ -3,9 +3,11 @@
 A page never changes once written, so a decoded page (zero-copy Arrow columns) can serve every
 later lookup that lands on the same worker — RocksDB's block cache, for headrace's LSM. Spark
 reuses Python workers, so a bucket's base run is decoded once per worker, not once per batch.
-Entries are keyed by (stream, page id, the page's stored CRC32, its length) — what the page *is*,
-not where it is — and the caller still checks the page's fence keys on every hit. The cache is
-bounded in bytes (``HEADRACE_PAGE_CACHE_MB``, default 256) and evicts least recently used.
+Entries are keyed by (stream, page id, and the page's place in the reservoir: file id, offset,
+size, CRC32) — known from the page table, so a hit reads no bytes at all — and the caller still
+checks the page's fence keys on every hit. Decoded run index pages (fences) are kept the same
+way. The cache is bounded in bytes (``HEADRACE_PAGE_CACHE_MB``, default 256) and evicts least
+recently used.
 """
 
 from __future__ import annotations
@@ -14,20 +16,18 @@ import os
 import threading
 from collections import OrderedDict
 
-import pyarrow as pa
-
 DEFAULT_BYTES = int(os.environ.get("HEADRACE_PAGE_CACHE_MB", "256")) << 20
 
 
 class PageCache:
     def __init__(self, max_bytes: int = DEFAULT_BYTES):
         self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple, tuple[pa.RecordBatch, int]] = OrderedDict()
+        self._items: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: tuple) -> pa.RecordBatch | None:
+    def get(self, key: tuple):
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -37,8 +37,8 @@ class PageCache:
             self.hits += 1
             return item[0]
 
-    def put(self, key: tuple, page: pa.RecordBatch) -> None:
-        size = page.nbytes
+    def put(self, key: tuple, page, size: int | None = None) -> None:
+        size = page.nbytes if size is None else size
         if size > self.max_bytes // 4:
             return  # one page never crowds out the rest
         with self._lock:

@@ -21,14 +21,19 @@ import pyarrow.compute as pc
 
 from headrace.codec import ByteReader, crc32
 from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
+from headrace.pipeline.state.zset import as_fixed, fixed_width
 
 _OP_BITS, _SIDE_BITS, _BUCKET_BITS, SEQ_BITS = 9, 2, 16, 36
 MAX_SEQ = (1 << SEQ_BITS) - 1
 
 ROOT_MAGIC = b"HRLR"
 INDEX_MAGIC = b"HRLI"
-FORMAT_VERSION = 1
-KIND_DATA, KIND_TOMBSTONE = 0, 1
+FORMAT_VERSION = 1  # run index pages
+# roots: 2 = kind 1 runs may hold rows (replacing runs); 1 = kind 1 runs hold markers only
+# (tombstones), which version 2 reads alike. A version-1 reader refuses version 2 roots
+# instead of dropping a replacing run's rows as deleted.
+ROOT_VERSION, ROOT_VERSIONS = 2, (1, 2)
+KIND_DATA, KIND_REPLACE = 0, 1  # see state/resolve.py
 
 _ROOT_HEADER = struct.Struct("<4sB3xQIII4x")  # magic, version, next_seq, runs, inline pages, keys
 _RUN = struct.Struct("<QIBB2xQQQ")  # first_seq, pages, kind, inline, rows, raw, stored
@@ -61,16 +66,33 @@ class Fences:
 
     firsts: np.ndarray
     lasts: np.ndarray
+    # when every fence key has one length: the keys as numpy S{k} arrays (C binary search)
+    fixed: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.firsts)
 
-    def pages_holding(self, probe: np.ndarray) -> np.ndarray:
+    @property
+    def nbytes(self) -> int:
+        """About what the fences hold in memory (for the worker's cache bound)."""
+        return 2 * 64 * len(self.firsts) + sum(map(len, self.firsts)) + sum(map(len, self.lasts))
+
+    def searches_fixed(self, fixed: np.ndarray | None) -> bool:
+        """Whether ``pages_holding`` can search ``fixed`` (S{k} keys) in C."""
+        return (fixed is not None and self.fixed is not None
+                and self.fixed[0].dtype == fixed.dtype)
+
+    def pages_holding(self, probe: np.ndarray | None, fixed: np.ndarray | None = None) -> np.ndarray:
         """Indices of the pages whose [first, last] holds one of ``probe`` (sorted, distinct
-        keys): two vectorised binary searches, then the union of the per-key page ranges."""
+        keys, an object array): two vectorised binary searches, then the union of the per-key
+        page ranges. ``fixed``: the same keys as S{k} (when they all have k bytes), searched
+        in C when the fence keys have k bytes too."""
         n = len(self.firsts)
-        lo = np.searchsorted(self.lasts, probe, side="left")  # first page with last >= key
-        hi = np.searchsorted(self.firsts, probe, side="right")  # pages with first <= key
+        firsts, lasts = self.firsts, self.lasts
+        if self.searches_fixed(fixed):
+            (firsts, lasts), probe = self.fixed, fixed
+        lo = np.searchsorted(lasts, probe, side="left")  # first page with last >= key
+        hi = np.searchsorted(firsts, probe, side="right")  # pages with first <= key
         keep = lo < hi
         if not keep.any():
             return np.zeros(0, np.int64)
@@ -108,7 +130,12 @@ def _decode_fences(lens: np.ndarray, blob: memoryview, *, key: str, offset: int)
             raise FormatError(key, offset + int(offs[i]),
                               f"fence key {i} (page {i // 2}) is above the next one")
     obj = arr.to_numpy(zero_copy_only=False)
-    return Fences(obj[0::2], obj[1::2])
+    k = fixed_width(arr)
+    fixed = None
+    if k:
+        s = as_fixed(arr, k)
+        fixed = (np.ascontiguousarray(s[0::2]), np.ascontiguousarray(s[1::2]))
+    return Fences(obj[0::2], obj[1::2], fixed)
 
 
 @dataclass
@@ -148,7 +175,7 @@ class Root:
             lens.append(ln)
             blobs.append(blob)
         keys = b"".join(blobs)
-        parts = [_ROOT_HEADER.pack(ROOT_MAGIC, FORMAT_VERSION, self.next_seq, len(self.runs),
+        parts = [_ROOT_HEADER.pack(ROOT_MAGIC, ROOT_VERSION, self.next_seq, len(self.runs),
                                    sum(r.pages for r in inline), len(keys))]
         parts += [_RUN.pack(r.first_seq, r.pages, r.kind, int(r.inline), r.rows, r.raw_bytes,
                             r.stored_bytes) for r in self.runs]
@@ -167,7 +194,7 @@ class Root:
         magic, version, next_seq, n_runs, n_inline, keys_len = _ROOT_HEADER.unpack_from(view, 0)
         if magic != ROOT_MAGIC:
             raise FormatError(key, 0, f"bad root magic {magic!r}")
-        if version != FORMAT_VERSION:
+        if version not in ROOT_VERSIONS:
             raise FormatError(key, 4, f"unknown root format version {version}")
         if not 1 <= next_seq <= MAX_SEQ + 1:
             raise FormatError(key, 8, f"next_seq {next_seq} out of range")
@@ -232,7 +259,7 @@ def _check_runs(recs: np.ndarray, next_seq: int, key: str) -> list[RunMeta]:
     fail(recs["first_seq"] > MAX_SEQ, 0, "first_seq out of range")
     fail(first < 1, 0, "first_seq 0 is the root's")
     fail(pages < 1, 8, "a run has at least one page")
-    fail(recs["kind"] > KIND_TOMBSTONE, 12, "unknown run kind")
+    fail(recs["kind"] > KIND_REPLACE, 12, "unknown run kind")
     fail(recs["inline"] > 1, 13, "inline flag is not 0/1")
     fail(recs["pad"] != 0, 14, "reserved bytes are not zero")
     fail(recs["rows"] < recs["pages"], 16, "fewer rows than pages")

@@ -9,6 +9,8 @@ size become one) keep the number of runs and the rewrites of a key logarithmic i
 size. Nothing proportional to the bucket's size is held in memory except the fences.
 
 A BucketLSM is one task's view as of one state version: build it, look up, insert, write once.
+``TaskState`` (state/task.py) drives several BucketLSMs of one task as one state, through
+``pages_for`` and ``write_delta``.
 """
 
 from __future__ import annotations
@@ -21,33 +23,38 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.operators.base import ZSET_SCHEMA
 from headrace.pipeline.state.cache import PAGES
+from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.layout import (
     KIND_DATA,
-    KIND_TOMBSTONE,
+    KIND_REPLACE,
     Root,
     RunMeta,
     decode_index,
     encode_index,
     page_id,
 )
-from headrace.pipeline.state.pages import CODEC_NONE, CODEC_ZSTD, decode_page, encode_run
+from headrace.pipeline.state.pages import (
+    CODEC_NONE,
+    CODEC_ZSTD,
+    CODEC_ZSTD_PLANES,
+    decode_page,
+    encode_run,
+)
+from headrace.pipeline.state.resolve import concat as _concat
+from headrace.pipeline.state.resolve import live, merge_rows, sort_rows
+from headrace.pipeline.state.views import RunView
 from headrace.pipeline.state.zset import (
+    as_fixed,
     binary_keys,
-    check_zset,
     consolidate,
     distinct_sorted_keys,
     empty_zset,
+    fixed_width,
     raw_bytes,
 )
 
 _SCAN_CHUNK_BYTES = 256 * 1024
-
-
-def _fences_match(page: pa.RecordBatch, first, last) -> bool:
-    keys = page.column(0)
-    return page.num_rows > 0 and keys[0].as_py() == first and keys[-1].as_py() == last
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class LSMConfig:
     inline_fence_pages: int = 4  # runs of at most this many pages keep their fences in the root
     compression: str = "zstd"  # or "none"
     zstd_level: int = 1
+    byte_planes: bool = True  # zstd over byte planes (page codec 2): ~3x smaller state pages
 
     def __post_init__(self):
         for name, lo in (("page_bytes", 256), ("fanout", 3), ("tier_base_bytes", 1),
@@ -129,9 +137,11 @@ class BucketLSM:
         # pages are shared through the worker's PageCache only for a real reservoir reader
         self._shared = getattr(reader, "prefix", None) if shared_cache else None
         self._stream = (getattr(getattr(reader, "store", None), "url", ""), self._shared)
+        # the reservoir's page table, so a cached page is found by where it is (no read)
+        state = getattr(reader, "state", None) if self._shared is not None else None
+        self._locate = state().lookup if callable(state) else None
         self._decoded: dict[int, pa.RecordBatch] = {}  # pages this task decoded (∝ its delta)
-        self._pending: list[pa.Table] = []  # this task's inserts, minus later-deleted keys
-        self._deleted: pa.Array | None = None  # keys this task deleted (sorted, distinct)
+        self._changes = Changes()
         self._written = False
         root = None
         if reader is not None and reader.contains(self.root_id):
@@ -143,31 +153,88 @@ class BucketLSM:
         self.pages_read += 1
         return self._reader.read(pid)
 
+    def _cache_key(self, pid: int) -> tuple | None:
+        """Where the page is stored (file, offset, size, CRC32): what it *is*, known from the
+        page table without reading it; None without a shared cache."""
+        if self._locate is None:
+            return None
+        loc = self._locate(pid)
+        return None if loc is None else (self._stream, pid, *loc)
+
     def _fences(self, run: RunMeta):
         if run.fences is None:
             pid = page_id(self.op, self.side, self.bucket, run.index_seq)
-            run.fences = decode_index(self._read(pid), pid=pid, pages=run.pages)
+            key = self._cache_key(pid)
+            hit = PAGES.get(key) if key is not None else None
+            if hit is not None and len(hit) == run.pages:
+                run.fences = hit
+            else:
+                run.fences = decode_index(self._read(pid), pid=pid, pages=run.pages)
+                if key is not None:
+                    PAGES.put(key, run.fences, run.fences.nbytes)
         return run.fences
 
-    def _page(self, run: RunMeta, i: int, keep: bool = True) -> pa.RecordBatch:
+    def _page(self, run: RunMeta, i: int, keep: bool = True,
+              cache: bool = True) -> pa.RecordBatch:
         pid = page_id(self.op, self.side, self.bucket, run.first_seq + i)
         t = self._decoded.get(pid)
         if t is None:
             f = self._fences(run)
-            raw = self._read(pid)
-            key = None
-            if self._shared is not None:  # the worker's cache of decoded pages
-                key = (self._stream, pid, bytes(raw[-4:]), len(raw))
-                t = PAGES.get(key)
-                if t is not None and not _fences_match(t, f.firsts[i], f.lasts[i]):
-                    t = None
-            if t is None:
-                t = decode_page(raw, pid=pid, first=f.firsts[i], last=f.lasts[i])
-                if key is not None:
-                    PAGES.put(key, t)
+            first, last = f.firsts[i], f.lasts[i]
+            key = self._cache_key(pid)  # the worker's cache of decoded pages
+            hit = PAGES.get(key) if key is not None else None
+            if hit is not None and hit[1] == first and hit[2] == last:
+                t = hit[0]  # the fences its run holds for it are checked on every hit
+            else:
+                t = decode_page(self._read(pid), pid=pid, first=first, last=last)
+                if key is not None and cache:
+                    PAGES.put(key, (t, first, last), t.nbytes)
             if keep:
                 self._decoded[pid] = t
         return t
+
+    def pages_for(self, probe: pa.Array) -> list[tuple]:
+        """What a lookup of ``probe`` (sorted distinct keys) must see, per run, as (rows, run
+        position (oldest 0), exact): the pages whose fences can hold a probe key (exact False:
+        still to be filtered), or — when the probe touches a quarter of a run's pages or more
+        and the worker caches pages — the exact matches from the run's view (state/views.py)."""
+        pieces = []
+        width = fixed_width(probe)
+        fixed = as_fixed(probe, width) if width else None
+        obj = None
+        for p, run in enumerate(self.root.runs):
+            f = self._fences(run)
+            if f.searches_fixed(fixed):
+                idx = f.pages_holding(None, fixed)
+            else:
+                if obj is None:
+                    obj = probe.to_numpy(zero_copy_only=False)
+                idx = f.pages_holding(obj)
+            if len(idx) == 0:
+                continue
+            if self._locate is not None and 4 * len(idx) >= run.pages:
+                pieces.append((self._view(run).match(probe, width, fixed), p, True))
+                continue
+            pieces += [(self._page(run, i), p, False) for i in idx.tolist()]
+        return pieces
+
+    def _view(self, run: RunMeta) -> RunView:
+        first = self._cache_key(page_id(self.op, self.side, self.bucket, run.first_seq))
+        last = self._cache_key(page_id(self.op, self.side, self.bucket,
+                                       run.first_seq + run.pages - 1))
+        key = ("view", first, last, run.pages) if first and last else None
+        view = PAGES.get(key) if key else None
+        if view is None:
+            # the view holds the rows: its pages are not cached a second time
+            view = RunView([self._page(run, i, keep=False, cache=False)
+                            for i in range(run.pages)])
+            if key:
+                PAGES.put(key, view, view.nbytes)
+        return view
+
+    @property
+    def kinds(self) -> list[int]:
+        return [r.kind for r in self.root.runs]
 
     def _check_open(self) -> None:
         if self._written:
@@ -181,40 +248,15 @@ class BucketLSM:
         if len(keys) == 0:
             return empty_zset()
         probe = distinct_sorted_keys(keys)
-        probe_obj = probe.to_numpy(zero_copy_only=False)
-        tables, pos = [], []
-        for p, run in enumerate(self.root.runs):
-            for i in self._fences(run).pages_holding(probe_obj).tolist():
-                tables.append(self._page(run, i))
-                pos.append(p)
-        found = self._live(tables, pos, probe)
-        pending = [t.filter(pc.is_in(t.column("key"), value_set=probe)) for t in self._pending]
-        return consolidate(_concat([found, *pending]))
+        found = self._changes.drop_deleted(live(self.pages_for(probe), self.kinds, probe))
+        self._changes.record(probe, found)
+        return consolidate(_concat([found, *self._changes.pending_of(probe)]))
 
-    def _live(self, tables: list[pa.Table], pos: list[int], probe: pa.Array | None,
-              kinds: list[int] | None = None) -> pa.Table:
-        """Data rows of run pages (``pos``: each table's run position, oldest 0) that are in
-        ``probe`` (None: all) and deleted neither by a newer tombstone run nor by this task."""
-        if not tables:
-            return empty_zset()
-        kinds = kinds or [r.kind for r in self.root.runs]
-        t = _concat(tables)
-        rpos = np.repeat(np.array(pos, np.int64), [x.num_rows for x in tables])
-        if probe is not None:
-            m = pc.is_in(t.column("key"), value_set=probe).to_numpy(zero_copy_only=False)
-            t, rpos = t.filter(m), rpos[m]
-        tomb = np.array(kinds, np.int64)[rpos] == KIND_TOMBSTONE
-        if tomb.any():
-            t, rpos = _drop_deleted(t, rpos, tomb)
-        if self._deleted is not None and t.num_rows:
-            gone = pc.is_in(t.column("key"), value_set=self._deleted)
-            t = t.filter(pc.invert(gone))
-        return t
-
-    def scan(self) -> Iterator[pa.Table]:
-        """The whole bucket in key order, as consolidated ZSET_SCHEMA tables (key ranges of
-        about 256 KiB of the biggest run; for rescaling, expiry and debugging). Each page is
-        read once; only the pages of the current key range are held."""
+    def scan(self, lo: bytes | None = None, hi: bytes | None = None) -> Iterator[pa.Table]:
+        """The bucket's keys in [lo, hi) (default: all) in key order, as consolidated
+        ZSET_SCHEMA tables (key ranges of about 256 KiB of the biggest run; for rescaling,
+        expiry and debugging). Only pages whose fences meet the range are read, each once;
+        only the pages of the current key range are held."""
         self._check_open()
         runs = self.root.runs
         bounds: list = []
@@ -222,8 +264,9 @@ class BucketLSM:
             big = max(runs, key=lambda r: r.pages)
             step = max(1, _SCAN_CHUNK_BYTES // self.config.page_bytes)
             bounds = sorted(set(self._fences(big).firsts[step::step].tolist()))
-        lows, highs = [None, *bounds], [*bounds, None]
-        pending = _concat([empty_zset(), *self._pending])
+        bounds = [b for b in bounds if (lo is None or b > lo) and (hi is None or b < hi)]
+        lows, highs = [lo, *bounds], [*bounds, hi]
+        pending = self._changes.all_pending()
         windows: list[dict[int, pa.RecordBatch]] = [{} for _ in runs]  # pages of the chunk
         for lo, hi in zip(lows, highs, strict=True):
             tables, pos = [], []
@@ -239,8 +282,9 @@ class BucketLSM:
                         win[i] = self._page(run, i, keep=False)
                     tables.append(_in_range(win[i], lo, hi))
                     pos.append(p)
-            out = consolidate(_concat([self._live(tables, pos, None),
-                                                _in_range(pending, lo, hi)]))
+            pieces = [(t, p, False) for t, p in zip(tables, pos, strict=True)]
+            found = self._changes.drop_deleted(live(pieces, self.kinds, None))
+            out = consolidate(_concat([found, _in_range(pending, lo, hi)]))
             if out.num_rows:
                 yield out
 
@@ -248,30 +292,18 @@ class BucketLSM:
     def insert_updates(self, updates: pa.Table) -> None:
         """Add a Z-set delta (visible to later lookups; written by ``write``)."""
         self._check_open()
-        t = check_zset(updates)
-        if t.num_rows:
-            self._pending.append(t)
-            if len(self._pending) > 16:
-                self._pending = [_concat(self._pending).combine_chunks()]
+        self._changes.insert(updates)
 
     def delete_keys(self, keys) -> None:
         """Drop every row of ``keys`` (all values, whatever their weights): rows inserted
-        before this call and all persisted rows. Written as a tombstone run (keys only)."""
+        before this call and all persisted rows. Written as markers of a replacing run."""
         self._check_open()
-        keys = binary_keys(keys, "deleted keys")
-        if len(keys) == 0:
-            return
-        u = distinct_sorted_keys(keys)
-        kept = [t.filter(pc.invert(pc.is_in(t.column("key"), value_set=u)))
-                for t in self._pending]
-        self._pending = [t for t in kept if t.num_rows]
-        if self._deleted is not None:
-            u = distinct_sorted_keys(pa.concat_arrays([self._deleted, u]))
-        self._deleted = u
+        self._changes.delete(keys)
 
     @property
     def changed(self) -> bool:
-        return bool(self._pending) or (self._deleted is not None and bool(self.root.runs))
+        c = self._changes
+        return bool(c.pending) or (c.deleted is not None and bool(self.root.runs))
 
     # -- write -----------------------------------------------------------------------------------
     def write(self, writer) -> WriteStats:
@@ -279,23 +311,34 @@ class BucketLSM:
         as a new run, merges the tiering asks for, deletions of replaced pages, the new root.
         Page ids come from the root's counter: the same inputs give the same ids and bytes."""
         self._check_open()
+        if not self.changed:
+            self._written = True
+            self._release()
+            return WriteStats(runs=len(self.root.runs))
+        rep, data = self._changes.split(replacing=bool(self.root.runs))
+        return self.write_delta(writer, rep, data)
+
+    def write_delta(self, writer, rep: pa.Table, data: pa.Table) -> WriteStats:
+        """Write consolidated changes: ``rep`` as a replacing run, ``data`` as a data run (keys
+        disjoint, each sorted), then the merges tiering asks for, deletions of replaced pages
+        and the new root. Ends this view, like ``write``."""
+        self._check_open()
         self._written = True
         stats = WriteStats()
-        if not self.changed:
-            stats.runs = len(self.root.runs)
-            return stats
         runs = [_Run(r.kind, r.raw_bytes, meta=r) for r in self.root.runs]
-        if self._deleted is not None and runs:
-            t = _tombstone_table(self._deleted)
-            runs.append(_Run(KIND_TOMBSTONE, raw_bytes(t), table=t))
-        delta = consolidate(_concat([empty_zset(), *self._pending]))
-        stats.delta_raw_bytes = raw_bytes(delta)
-        if delta.num_rows:
-            runs.append(_Run(KIND_DATA, stats.delta_raw_bytes, table=delta))
+        if not runs and rep.num_rows:  # nothing older to replace: all rows are data
+            live_rows = rep.filter(pc.not_equal(rep.column("w"), 0))
+            data = sort_rows(_concat([data, live_rows])) if data.num_rows else live_rows
+            rep = rep.slice(0, 0)
+        for kind, t in ((KIND_DATA, data), (KIND_REPLACE, rep)):
+            if t.num_rows:
+                size = raw_bytes(t)
+                stats.delta_raw_bytes += size
+                runs.append(_Run(kind, size, table=t))
         runs = self._merge(runs, stats)
         if len(runs) == len(self.root.runs) and all(r.meta is not None for r in runs):
             stats.runs = len(runs)  # the task's changes cancelled out: nothing to write
-            self._pending, self._deleted, self._decoded = [], None, {}
+            self._release()
             return stats
         kept = {id(r.meta) for r in runs if r.meta is not None}
         for old in self.root.runs:
@@ -317,12 +360,17 @@ class BucketLSM:
         stats.bytes_written += len(root)
         stats.root_bytes = len(root)
         stats.runs = len(metas)
-        self._pending, self._deleted, self._decoded = [], None, {}
+        self._release()
         return stats
+
+    def _release(self) -> None:
+        self._changes.clear()
+        self._decoded = {}
 
     def _write_run(self, writer, r: _Run, seq: int, stats: WriteStats) -> RunMeta:
         c = self.config
-        codec = CODEC_ZSTD if c.compression == "zstd" else CODEC_NONE
+        codec = (CODEC_NONE if c.compression == "none"
+                 else CODEC_ZSTD_PLANES if c.byte_planes else CODEC_ZSTD)
         enc = encode_run(r.table, c.page_bytes, codec, c.zstd_level)
         inline = enc.pages <= c.inline_fence_pages
         ids = [page_id(self.op, self.side, self.bucket, seq + i) for i in range(enc.pages)]
@@ -367,57 +415,14 @@ class BucketLSM:
                 tables.append(self._page(r.meta, i, keep=False))
                 pos.append(p)
             stats.merge_pages_read += self.pages_read - before
-        kinds = [r.kind for r in group]
         rpos = np.repeat(np.array(pos, np.int64), [t.num_rows for t in tables])
-        t = _concat(tables)
-        tomb = np.array(kinds, np.int64)[rpos] == KIND_TOMBSTONE
-        out = []
-        if tomb.any():
-            if not oldest:  # the group's deletions still apply to the runs before it
-                keys = distinct_sorted_keys(t.filter(tomb).column("key").combine_chunks())
-                tt = _tombstone_table(keys)
-                out.append(_Run(KIND_TOMBSTONE, raw_bytes(tt), table=tt))
-            t, rpos = _drop_deleted(t, rpos, tomb)
-        data = consolidate(t)
-        if data.num_rows:
-            out.append(_Run(KIND_DATA, raw_bytes(data), table=data))
+        replacing = np.array([r.kind for r in group], np.int64)[rpos] == KIND_REPLACE
+        data, rep = merge_rows(_concat(tables), rpos, replacing, oldest)
+        out = [_Run(kind, raw_bytes(t), table=t)
+               for kind, t in ((KIND_DATA, data), (KIND_REPLACE, rep)) if t.num_rows]
         stats.merges += 1
         stats.runs_merged += len(group)
         return out
-
-
-def _concat(parts: list) -> pa.Table:
-    """Tables and record batches (ZSET_SCHEMA) as one table, without copying."""
-    batches = []
-    for x in parts:
-        if isinstance(x, pa.RecordBatch):
-            batches.append(x)
-        else:
-            batches.extend(x.to_batches())
-    return pa.Table.from_batches(batches, schema=ZSET_SCHEMA)
-
-
-def _tombstone_table(keys: pa.Array) -> pa.Table:
-    n = len(keys)
-    return pa.Table.from_arrays([keys, pa.array([b""] * n, pa.binary()),
-                                 pa.array(np.zeros(n, np.int64))],
-                                names=["key", "val", "w"]).cast(empty_zset().schema)
-
-
-def _drop_deleted(t: pa.Table, rpos: np.ndarray, tomb: np.ndarray):
-    """The data rows of ``t`` not deleted by a tombstone row of a newer run (higher ``rpos``)."""
-    keys = t.column("key").combine_chunks()
-    newest = (pa.table({"key": keys.filter(pa.array(tomb)), "p": rpos[tomb]})
-              .group_by("key").aggregate([("p", "max")]))
-    data = ~tomb
-    d, dpos = t.filter(pa.array(data)), rpos[data]
-    idx = pc.index_in(d.column("key"), value_set=newest.column("key").combine_chunks())
-    idx = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
-    maxpos = newest.column("p_max").to_numpy()
-    hit = idx >= 0
-    killed = np.zeros(len(idx), bool)
-    killed[hit] = dpos[hit] < maxpos[idx[hit]]
-    return d.filter(pa.array(~killed)), dpos[~killed]
 
 
 def _in_range(t: pa.Table, lo, hi) -> pa.Table:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -65,6 +66,28 @@ def consolidate(table: pa.Table) -> pa.Table:
         return empty_zset()
     out = spine_consolidate(table)
     return out if out.schema == ZSET_SCHEMA else out.cast(ZSET_SCHEMA)
+
+
+def fixed_width(arr: pa.Array) -> int:
+    """The one byte length of every value of a binary array (> 0), or 0 if lengths differ."""
+    n = len(arr)
+    if n == 0:
+        return 0
+    offs = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+    k = int(offs[1] - offs[0])
+    if k <= 0 or int(offs[-1] - offs[0]) != k * n:
+        return 0
+    return k if n == 1 or bool((np.diff(offs) == k).all()) else 0
+
+
+def as_fixed(arr: pa.Array, k: int) -> np.ndarray:
+    """A zero-copy numpy ``S{k}`` view of a binary array whose values all have ``k`` bytes.
+    For values of one length numpy's byte-string order is byte order (NULs included), so
+    ``np.searchsorted`` over it is a binary search in C, not one Python compare per step."""
+    offs = np.frombuffer(arr.buffers()[1], np.int32, 2, arr.offset * 4)
+    if len(arr) == 0:
+        return np.zeros(0, f"S{k}")
+    return np.frombuffer(arr.buffers()[2], f"S{k}", len(arr), int(offs[0]))
 
 
 def distinct_sorted_keys(keys: pa.Array) -> pa.Array:

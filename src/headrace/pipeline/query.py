@@ -1,0 +1,87 @@
+"""``Pipeline.start()``: a running pipeline as a handle shaped like Spark's StreamingQuery.
+
+The pipeline runs on a background thread (a processingTime trigger); the handle reports what
+each committed micro-batch did and stops the query from any thread. A failure inside the
+pipeline is kept and raised by ``await_termination`` (and shown in ``status``), never lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+
+class PipelineQuery:
+    """status, last_progress, recent_progress, is_active, stop(), await_termination()."""
+
+    def __init__(self, pipeline, processing_time: str = "1 second", keep: int = 100):
+        self.pipeline = pipeline
+        self.recent_progress: deque[dict] = deque(maxlen=keep)
+        self._error: BaseException | None = None
+        self._started = time.time()
+        chained = pipeline.on_batch
+
+        def record(progress: dict) -> None:
+            progress["timestamp"] = time.time()
+            self.recent_progress.append(progress)
+            if chained is not None:
+                chained(progress)
+
+        pipeline.on_batch = record
+        pipeline._stopping.clear()
+        self._thread = threading.Thread(target=self._run, args=(processing_time,),
+                                        name=f"headrace-{pipeline.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, processing_time: str) -> None:
+        try:
+            self.pipeline.run(until_idle=False, processing_time=processing_time)
+        except BaseException as e:  # kept for await_termination / status
+            self._error = e
+
+    @property
+    def is_active(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    @property
+    def last_progress(self) -> dict | None:
+        return self.recent_progress[-1] if self.recent_progress else None
+
+    @property
+    def status(self) -> dict:
+        p = self.pipeline
+        if self._error is not None:
+            message = f"failed: {self._error}"
+        elif self.is_active:
+            message = "running" if p._query is not None else "recovering"
+        else:
+            message = "stopped"
+        return {"message": message, "is_active": self.is_active, "time": p.time,
+                "batches": int(p.metrics["batches"]), "late_rows": int(p.metrics["late_rows"]),
+                "bad_entries": int(p.metrics["bad_entries"]),
+                "uptime_s": round(time.time() - self._started, 1)}
+
+    def stop(self, timeout_s: float | None = 120) -> None:
+        """Stop after the batch in flight commits (or is abandoned: it is replayed later)."""
+        self.pipeline._stopping.set()
+        q = self.pipeline._query
+        if q is not None:
+            try:
+                q.stop()
+            except Exception:  # already stopped: nothing to do
+                pass
+        self._thread.join(timeout_s)
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait until the query ends (True) or ``timeout_s`` passes (False); raise the error
+        that ended it, if one did."""
+        self._thread.join(timeout_s)
+        if self._error is not None:
+            raise self._error
+        return not self._thread.is_alive()
+
