@@ -1,30 +1,49 @@
 """Ingest + aggregate: producers write orders into a queue, a pipeline keeps revenue per region.
 
-    python examples/ingest_aggregate.py [STORE_DIR]     (default ./example-data)
+    python examples/ingest_aggregate.py [STORE]
 
-Runs on a local folder as the object store; give an s3://… URL to run on S3 instead.
+STORE is a new (or empty) local folder, or an s3://… URL; without it, a new temporary folder.
+The result is checked against the same query in Spark batch SQL over the net input.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 from headrace.buffer import Producer, ProducerConfig
 from headrace.spark import Pipeline, session
 
+REGIONS = ["emea", "amer", "apac"]
+ORDERS = [{"order_id": i, "region": REGIONS[i % 3], "amount": 10 * (i % 7)} for i in range(300)]
+RETRACTED = ORDERS[7]  # sent again with weight -1: the order is cancelled
+
+
+def store_root() -> str:
+    """STORE from the command line, else a new temporary folder; an old store is refused, as
+    its earlier input would be counted too."""
+    if len(sys.argv) < 2:
+        return tempfile.mkdtemp(prefix="headrace-example-")
+    root = sys.argv[1]
+    if "://" in root:
+        return root
+    if Path(root).is_dir() and any(Path(root).iterdir()):
+        sys.exit(f"{root} is not empty: give a new folder")
+    return str(Path(root).absolute())  # Spark's workers may run in another directory
+
 
 def produce(root: str) -> None:
-    orders = [{"table": "orders", "order_id": i, "region": ["emea", "amer", "apac"][i % 3],
-               "amount": 10 * (i % 7)} for i in range(300)]
-    orders.append({"table": "orders", "order_id": 7, "region": "amer", "amount": 0, "w": -1})
+    entries = [{"table": "orders", **o} for o in ORDERS]
+    entries.append({"table": "orders", **RETRACTED, "w": -1})
     with Producer(ProducerConfig(url=root, manifest_path="ingest/manifest")) as producer:
-        handle = producer.produce([json.dumps(o).encode() for o in orders])
-        handle.watcher.await_durable(timeout=60)
+        handle = producer.produce([json.dumps(e).encode() for e in entries])
+        handle.watcher.await_durable(timeout=60)  # durable: the pipeline will see them
 
 
 def main() -> None:
-    root = sys.argv[1] if len(sys.argv) > 1 else "example-data"
+    root = store_root()
     spark = session("headrace-example")
     produce(root)
     p = Pipeline(spark, root, name="revenue", partitions=2)
@@ -34,9 +53,18 @@ def main() -> None:
                                "biggest": "max(amount)"}, name="totals")
     p.write_shard(totals, "region_revenue")
     p.run(until_idle=True)
-    for row in sorted(p.read_shard("region_revenue").to_pylist(), key=lambda r: r["region"]):
-        print(f"{row['region']}: {row['orders']} orders, revenue {row['revenue']}, "
-              f"biggest {row['biggest']}")
+    rows = sorted((r["region"], r["orders"], r["revenue"], r["biggest"])
+                  for r in p.read_shard("region_revenue").to_pylist())
+    for region, n, revenue, biggest in rows:
+        print(f"{region}: {n} orders, revenue {revenue}, biggest {biggest}")
+
+    net = [tuple(o.values()) for o in ORDERS if o is not RETRACTED]
+    spark.createDataFrame(net, "order_id long, region string, amount long") \
+         .createOrReplaceTempView("orders")
+    expected = sorted(tuple(r) for r in spark.sql(
+        "SELECT region, count(*), sum(amount), max(amount) FROM orders GROUP BY region").collect())
+    assert rows == expected, f"pipeline {rows} != Spark batch SQL {expected}"
+    print("same as Spark batch SQL")
     spark.stop()
 
 

@@ -1,15 +1,16 @@
 """Fixtures of the newcomer suite: stores populated through the libraries' own APIs (a queue,
 reservoir streams, shards, a pipeline's progress shard and state stream, a backup, a spine
-directory)."""
+directory), and one run of every example and every python block of the guide."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from newcomer_lib import LONG_SHARD
+from newcomer_lib import DOCS, LONG_SHARD, REPO
 
 
 def _populate(root: Path, spine_dir: Path, backup_src: Path) -> None:
@@ -83,3 +84,35 @@ def many_parts(tmp_path_factory) -> Path:
                              t, t + 1)
     client.close()
     return root
+
+
+@pytest.fixture(scope="session")
+def runnable_docs(tmp_path_factory) -> dict[str, dict]:
+    """Every examples/*.py (each on a new local folder store) and every python block of DOCS
+    (in a new working directory each), run once in one subprocess by run_docs.py.
+    {job name: {"ok": bool, "out": its stdout}}; the subprocess's stderr under "stderr"."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    base = tmp_path_factory.mktemp("runnable")
+    jobs = [{"name": p.name, "kind": "example", "path": str(p), "arg": str(base / p.stem)}
+            for p in sorted((REPO / "examples").glob("*.py"))]
+    for md in DOCS:
+        (base / md.stem).mkdir()
+        jobs.append({"name": md.name, "kind": "doc", "path": str(md), "arg": str(base / md.stem)})
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_docs.py")),
+                           json.dumps(jobs)], capture_output=True, text=True, env=env,
+                          timeout=1500, cwd=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = re.split(r"^=== (.+)\n", proc.stdout, flags=re.M)[1:]
+    results: dict[str, dict] = {"stderr": {"ok": True, "out": proc.stderr}}
+    print(proc.stderr)  # each job's time (pytest shows it with -s or on a failure)
+    for name, out in zip(sections[::2], sections[1::2], strict=True):
+        if name.startswith("FAILED "):
+            results[name.removeprefix("FAILED ")]["ok"] = False
+        else:
+            results[name] = {"ok": True, "out": out, "dir": base / Path(name).stem}
+    return results

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HEADRACE = str(Path(sys.executable).with_name("headrace"))  # .venv/bin/headrace
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "docs" / "guide.md"]  # Markdown files whose ```python blocks must run
 LONG_SHARD = "a-shard-with-a-name-long-enough-that-an-80-column-table-would-cut-or-wrap-it-" \
              "0123456789-0123456789"
 
@@ -29,3 +31,11 @@ def run_all(argvs: list[list[str]], workers: int = 3) -> list[subprocess.Complet
 def tree(root: Path) -> set[str]:
     """Every file and folder under root (hidden ones too): what a command may not add to."""
     return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def job_failure(runnable_docs: dict, name: str) -> str:
+    """A failed example's or doc's output for the assertion message, JVM stack frames left out
+    (they would push the Python traceback out of view)."""
+    lines = [ln for ln in runnable_docs[name]["out"].splitlines()
+             if not ln.lstrip().startswith("at ") and not ln.lstrip().startswith("... ")]
+    return "\n".join(lines)[-6000:]

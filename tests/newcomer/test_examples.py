@@ -1,18 +1,24 @@
-"""Every script in examples/ runs as written on a fresh local folder store (a subprocess, as a
-newcomer would run it) and prints the right answer."""
+"""Every script in examples/ runs as written on a fresh local folder store and prints the right
+answer (each also checks itself against Spark batch SQL and fails loudly if it differs)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
+from newcomer_lib import job_failure
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]  # the first one runs them all
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def ran(runnable_docs, name: str) -> list[str]:
+    """The example's stdout lines; the test fails with its traceback if it raised."""
+    job = runnable_docs[name]
+    assert job["ok"], job_failure(runnable_docs, name)
+    return job["out"].strip().splitlines()
 
 
 def expected_revenue() -> list[str]:
@@ -26,15 +32,45 @@ def expected_revenue() -> list[str]:
     return [f"{r}: {n} orders, revenue {t}, biggest {m}" for r, (n, t, m) in sorted(rows.items())]
 
 
-def test_ingest_aggregate_example(tmp_path):
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    out = subprocess.run([sys.executable, str(EXAMPLES / "ingest_aggregate.py"),
-                          str(tmp_path / "store")], capture_output=True, text=True, env=env,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines() == expected_revenue()
+def test_ingest_aggregate_example(runnable_docs):
+    assert ran(runnable_docs, "ingest_aggregate.py") == [*expected_revenue(),
+                                                         "same as Spark batch SQL"]
+
+
+def test_join_dead_letter_example(runnable_docs):
+    out = ran(runnable_docs, "join_dead_letter.py")
+    assert "same as Spark batch SQL" in out
+    assert "dead letters: 4 (metrics: 4 bad entries)" in out
+    letters = [ln for ln in out if ln.startswith("  queue sequence")]
+    # each bad entry kept with the field at fault: none for a non-JSON entry
+    assert [re.search(r"field=(\S+)", ln).group(1) for ln in letters] == \
+        ["None", "order_id", "customer_id", "table"]
+    assert "entry=b'order 121: 7 EUR'" in letters[0]
+
+
+def test_backup_restore_example(runnable_docs):
+    out = ran(runnable_docs, "backup_restore.py")
+    first = next(ln for ln in out if ln.startswith("run 1:"))
+    assert int(re.search(r"backups in the store: (\d+) objects", first).group(1)) > 0
+    assert "local state directory deleted: 0 files" in out
+    second = next(ln for ln in out if ln.startswith("run 2:"))
+    # the second run had to fetch the state it continued from out of the backups
+    assert int(re.search(r"\((\d+) bytes read", second).group(1)) > 0
+    assert int(re.search(r"now (\d+) local files", second).group(1)) > 0
+    assert out[-1] == "same as Spark batch SQL over both runs' input"
+
+
+def test_read_shard_stream_example(runnable_docs):
+    out = ran(runnable_docs, "read_shard_stream.py")
+    starts = [i for i, ln in enumerate(out) if ln.startswith("stream micro-batch")]
+    assert len(starts) == 2
+    snapshot, changes = out[starts[0] + 1:starts[1]], out[starts[1] + 1:]
+    assert snapshot and all(ln.endswith(", 0, 1)") for ln in snapshot)  # time 0, inserted
+    assert any(ln.endswith(", 1, -1)") for ln in changes)  # an old row retracted at time 1
+    assert out[-1] == "same as Spark batch SQL"
 
 
 def test_every_example_has_a_test():
-    tested = {"ingest_aggregate.py"}
+    tested = {"ingest_aggregate.py", "join_dead_letter.py", "backup_restore.py",
+              "read_shard_stream.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested

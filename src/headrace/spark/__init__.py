@@ -1,19 +1,36 @@
 """PySpark integration: data sources (headrace.queue, headrace.shard) and the Pipeline.
 
-Importing this package does not import pyspark. ``session()`` builds a local SparkSession
-configured for headrace with both data sources registered; on a session of your own, call
-``register(spark)``.
+The data sources need no registration: installing headrace installs the top-level packages
+``pyspark_headrace_queue`` and ``pyspark_headrace_shard``, and PySpark (4.0+, SPARK-45917)
+registers the ``DefaultSource`` of every importable ``pyspark_*`` package in each new JVM, for
+every session, the first time a data source is looked up. That lookup runs in the JVM's default
+Python (``PYSPARK_DRIVER_PYTHON``, else ``PYSPARK_PYTHON``, else ``python3`` on the PATH, as the
+JVM started with), so that Python must have headrace; ``session()`` sees to it for local runs.
+``register(spark)`` remains for where the lookup cannot see headrace, and is a no-op where it
+already worked.
+
+Importing this package does not import pyspark.
 """
 
 from __future__ import annotations
 
 
 def register(spark) -> None:
-    """Register the ``headrace.queue`` and ``headrace.shard`` data sources on ``spark``."""
+    """Make ``headrace.queue`` and ``headrace.shard`` available on ``spark`` if they are not."""
     from headrace.spark import queue_source, shard_source
 
     queue_source.register(spark)
     shard_source.register(spark)
+
+
+def register_source(spark, source) -> None:
+    """Register the DataSource class ``source`` on ``spark`` unless its name resolves already:
+    re-registering a statically registered source works but logs a WARN on every call."""
+    jsession = getattr(spark, "_jsparkSession", None)  # None on Spark Connect: just register
+    if jsession is not None and \
+            jsession.sessionState().dataSourceManager().dataSourceExists(source.name()):
+        return
+    spark.dataSource.register(source)
 
 
 def __getattr__(name: str):
@@ -28,4 +45,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["Pipeline", "register", "session"]
+__all__ = ["Pipeline", "register", "register_source", "session"]

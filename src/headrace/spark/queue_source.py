@@ -227,4 +227,6 @@ class QueueDataSource(DataSource):
 
 def register(spark) -> None:
     """Make ``spark.readStream.format("headrace.queue")`` available in this session."""
-    spark.dataSource.register(QueueDataSource)
+    from headrace.spark import register_source
+
+    register_source(spark, QueueDataSource)

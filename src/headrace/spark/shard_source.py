@@ -323,4 +323,6 @@ def sink_writer_id(client: PersistClient, shard: str, lease_s: float) -> str:
 
 def register(spark) -> None:
     """Make ``format("headrace.shard")`` available on this SparkSession."""
-    spark.dataSource.register(ShardDataSource)
+    from headrace.spark import register_source
+
+    register_source(spark, ShardDataSource)
