@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backup": ("headrace.cli.backup_cmd", "backup_group"),
     "restore": ("headrace.cli.backup_cmd", "restore"),
     "demo": ("headrace.cli.demo_cmd", "demo"),
+    "nexmark": ("headrace.cli.nexmark_cmd", "nexmark"),
 }
 
 EXIT_ERROR = 1
