@@ -70,7 +70,18 @@ def test_read_shard_stream_example(runnable_docs):
     assert out[-1] == "same as Spark batch SQL"
 
 
+def test_windowed_aggregate_example(runnable_docs):
+    out = ran(runnable_docs, "windowed_aggregate.py")
+    windows = [ln for ln in out if ln.startswith("window ")]
+    # the final watermark is 49.5 s - 5 s: windows ending by 40 s are final, each once
+    assert {ln.split()[1] for ln in windows} == {"00:00:00-00:00:10", "00:00:10-00:00:20",
+                                                 "00:00:20-00:00:30", "00:00:30-00:00:40"}
+    assert len(windows) == len(set(windows))
+    assert "late bids dropped: 3" in out
+    assert out[-1] == "same as Spark batch SQL"
+
+
 def test_every_example_has_a_test():
     tested = {"ingest_aggregate.py", "join_dead_letter.py", "backup_restore.py",
-              "read_shard_stream.py"}
+              "read_shard_stream.py", "windowed_aggregate.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
