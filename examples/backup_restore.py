@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from headrace.buffer import Producer, ProducerConfig
-from headrace.spark import Pipeline, session
+from headrace.spark import Pipeline, new_store, session
 from headrace.store import open_store
 
 PAGES = ["/", "/pricing", "/docs", "/blog", "/signup"]
@@ -28,17 +28,6 @@ WAVES = [  # two days of clicks; users 25..39 come back on the second
 ]
 
 
-def store_root() -> str:
-    """STORE from the command line, else a new temporary folder; an old store is refused, as
-    its earlier input would be counted too."""
-    if len(sys.argv) < 2:
-        return tempfile.mkdtemp(prefix="headrace-example-")
-    root = sys.argv[1]
-    if "://" in root:
-        return root
-    if Path(root).is_dir() and any(Path(root).iterdir()):
-        sys.exit(f"{root} is not empty: give a new folder")
-    return str(Path(root).absolute())  # Spark's workers may run in another directory
 
 
 def produce(root: str, clicks: list[dict]) -> None:
@@ -64,7 +53,7 @@ def files(folder: Path) -> int:
 
 
 def main() -> None:
-    root = store_root()
+    root = new_store(sys.argv[1] if len(sys.argv) > 1 else None)
     local = Path(tempfile.mkdtemp(prefix="headrace-local-state-"))  # the executor's disk
     spark = session("headrace-example")
 

@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from headrace.buffer import Producer, ProducerConfig
-from headrace.spark import Pipeline, session
+from headrace.spark import Pipeline, new_store, session
 
 REGIONS = ["emea", "amer", "apac"]
 ORDERS = [{"order_id": i, "region": REGIONS[i % 3], "amount": 10 * (i % 7)} for i in range(300)]
 RETRACTED = ORDERS[7]  # sent again with weight -1: the order is cancelled
 
 
-def store_root() -> str:
-    """STORE from the command line, else a new temporary folder; an old store is refused, as
-    its earlier input would be counted too."""
-    if len(sys.argv) < 2:
-        return tempfile.mkdtemp(prefix="headrace-example-")
-    root = sys.argv[1]
-    if "://" in root:
-        return root
-    if Path(root).is_dir() and any(Path(root).iterdir()):
-        sys.exit(f"{root} is not empty: give a new folder")
-    return str(Path(root).absolute())  # Spark's workers may run in another directory
 
 
 def produce(root: str) -> None:
@@ -43,7 +30,7 @@ def produce(root: str) -> None:
 
 
 def main() -> None:
-    root = store_root()
+    root = new_store(sys.argv[1] if len(sys.argv) > 1 else None)
     spark = session("headrace-example")
     produce(root)
     p = Pipeline(spark, root, name="revenue", partitions=2)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from headrace.buffer import Producer, ProducerConfig
-from headrace.spark import Pipeline, session
+from headrace.spark import Pipeline, new_store, session
 
 REGIONS = ["emea", "amer", "apac"]
 CUSTOMERS = [{"customer_id": c, "region": REGIONS[c % 3]} for c in range(10)]
@@ -31,17 +29,6 @@ BAD = [
 ]
 
 
-def store_root() -> str:
-    """STORE from the command line, else a new temporary folder; an old store is refused, as
-    its earlier input would be counted too."""
-    if len(sys.argv) < 2:
-        return tempfile.mkdtemp(prefix="headrace-example-")
-    root = sys.argv[1]
-    if "://" in root:
-        return root
-    if Path(root).is_dir() and any(Path(root).iterdir()):
-        sys.exit(f"{root} is not empty: give a new folder")
-    return str(Path(root).absolute())  # Spark's workers may run in another directory
 
 
 def produce(root: str) -> None:
@@ -54,7 +41,7 @@ def produce(root: str) -> None:
 
 
 def main() -> None:
-    root = store_root()
+    root = new_store(sys.argv[1] if len(sys.argv) > 1 else None)
     spark = session("headrace-example")
     produce(root)
     p = Pipeline(spark, root, name="sales", partitions=2, on_bad_entry="dead_letter")

@@ -17,26 +17,14 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
-from pathlib import Path
 
 from headrace.buffer import Producer, ProducerConfig
-from headrace.spark import Pipeline, session
+from headrace.spark import Pipeline, new_store, session
 
 WAVES = [[{"sensor": f"s{i % 4}", "reading": i % 10} for i in range(40)],
          [{"sensor": f"s{i % 6}", "reading": i % 7} for i in range(12)]]  # s4, s5 are new
 
 
-def store_root() -> str:
-    """STORE from the command line, else a new temporary folder; an old store is refused, as
-    its earlier input would be counted too."""
-    if len(sys.argv) < 2:
-        return tempfile.mkdtemp(prefix="headrace-example-")
-    root = sys.argv[1]
-    if "://" in root:
-        return root
-    if Path(root).is_dir() and any(Path(root).iterdir()):
-        sys.exit(f"{root} is not empty: give a new folder")
-    return str(Path(root).absolute())  # Spark's workers may run in another directory
 
 
 def produce(root: str, readings: list[dict]) -> None:
@@ -47,7 +35,7 @@ def produce(root: str, readings: list[dict]) -> None:
 
 
 def main() -> None:
-    root = store_root()
+    root = new_store(sys.argv[1] if len(sys.argv) > 1 else None)
     spark = session("headrace-example")
     p = Pipeline(spark, root, name="sensors", partitions=2)
     src = p.read_queue("sensors", {"readings": "sensor string, reading long"})

@@ -15,13 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from headrace.buffer import Producer, ProducerConfig
-from headrace.spark import Pipeline, session
+from headrace.spark import Pipeline, new_store, session
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DELAY_S = 5
@@ -38,15 +36,6 @@ LATE = [bid(i, 3 + i) for i in range(3)]  # windows [0, 10) end before 24.5 s: l
 WAVE2 = [bid(i, 30 + (i - 60) * 0.5) for i in range(60, 100)]  # 30 s .. 49.5 s
 
 
-def store_root() -> str:
-    if len(sys.argv) < 2:
-        return tempfile.mkdtemp(prefix="headrace-example-")
-    root = sys.argv[1]
-    if "://" in root:
-        return root
-    if Path(root).is_dir() and any(Path(root).iterdir()):
-        sys.exit(f"{root} is not empty: give a new folder")
-    return str(Path(root).absolute())
 
 
 def produce(root: str, entries: list[dict]) -> None:
@@ -67,7 +56,7 @@ def build(spark, root: str) -> Pipeline:
 
 
 def main() -> None:
-    root = store_root()
+    root = new_store(sys.argv[1] if len(sys.argv) > 1 else None)
     spark = session("headrace-example")
     late = 0
     for wave in (WAVE1, LATE + WAVE2):

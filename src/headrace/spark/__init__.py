@@ -38,11 +38,11 @@ def __getattr__(name: str):
         from headrace.pipeline.runner import Pipeline
 
         return Pipeline
-    if name == "session":
-        from headrace.spark.local_session import session
+    if name in ("session", "new_store"):
+        from headrace.spark import local_session
 
-        return session
+        return getattr(local_session, name)
     raise AttributeError(name)
 
 
-__all__ = ["Pipeline", "register", "register_source", "session"]
+__all__ = ["Pipeline", "new_store", "register", "register_source", "session"]

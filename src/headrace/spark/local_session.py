@@ -44,3 +44,21 @@ def session(app_name: str = "headrace", master: str = "local[2]", *,
 
     register(spark)
     return spark
+
+
+def new_store(location: str | None = None) -> str:
+    """A store root for a fresh run: ``location`` (a URL, or a local folder that is new or
+    empty, made absolute because Spark's workers may run in another directory), else a new
+    temporary folder. A non-empty folder is refused: its earlier input would be counted too."""
+    import tempfile
+    from pathlib import Path
+
+    from headrace.errors import InvalidInput
+
+    if location is None:
+        return tempfile.mkdtemp(prefix="headrace-example-")
+    if "://" in location:
+        return location
+    if Path(location).is_dir() and any(Path(location).iterdir()):
+        raise InvalidInput(f"{location} is not empty: give a new folder")
+    return str(Path(location).absolute())
