@@ -34,44 +34,58 @@ ENTRY_COLUMNS = ("queue", "sequence", "index", "entry")  # a micro-batch's input
 _EXAMPLES = 5  # bad entries described in full per task (fail mode)
 
 
-def decode(entries_df, sources: list[SourceTable], max_entry_bytes: int = MAX_ENTRY_BYTES):
-    """(frames: {source name: DataFrame of its columns + W}, bad: DataFrame of bad entries).
+class Decoder:
+    """The Spark expressions that split a micro-batch's entries into tables, built once per
+    pipeline: building them costs hundreds of Python<->JVM calls, and Columns are unresolved
+    expressions that apply to every batch's DataFrame alike.
 
-    ``entries_df`` has ENTRY_COLUMNS and should be persisted by the caller: every table's
-    branch and the bad-entry branch read it."""
-    from pyspark.sql import functions as F
+    ``parse`` runs one projection over the entries — each entry's JSON is parsed once, into the
+    struct of its own table (``when``: the other tables' structs stay NULL) — and its result is
+    what the job persists; ``split`` then only filters and selects that persisted data."""
 
-    text = F.col("entry").cast("string")
-    tagged = entries_df.withColumn(TABLE, F.get_json_object(text, "$.table"))
-    too_big = F.length(F.col("entry")) > F.lit(max_entry_bytes)
-    by_queue: dict[str, list[str]] = {}
-    for s in sources:
-        by_queue.setdefault(s.queue, []).append(s.table)
-    known = reduce(lambda a, b: a | b, [(F.col("queue") == F.lit(q)) & F.col(TABLE).isin(ts)
-                                        for q, ts in by_queue.items()])
-    frames, bad = {}, []
-    bad.append(tagged.filter(too_big | F.col(TABLE).isNull() | ~known))
-    for node in sources:
-        ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
-        rows = tagged.filter(~too_big & (F.col("queue") == F.lit(node.queue))
-                             & (F.col(TABLE) == F.lit(node.table)))
-        parsed = rows.select(*ENTRY_COLUMNS, F.from_json(
-            text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"))
-        # a NULL column is either an explicit null (fine) or a missing field (bad): only then
-        # are the entry's keys listed (a second parse), so complete rows pay one parse
-        cols = [F.col(f"r.`{c}`") for c in node.schema.names]
-        keys = F.json_object_keys(text)
-        complete = reduce(lambda a, b: a & b, [c.isNotNull() for c in cols])
-        present = F.when(complete, F.lit(True)).otherwise(reduce(
-            lambda a, b: a & b, [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
-        ok = (F.col(f"r.`{CORRUPT}`").isNull() & (F.coalesce(F.col("r.w"), F.lit(1)) != F.lit(0))
-              & present)
-        frames[node.name] = parsed.filter(ok).select(
-            *[F.col(f"r.`{c}`").alias(c) for c in node.schema.names],
-            F.coalesce(F.col("r.w"), F.lit(1)).cast("long").alias(W))
-        bad.append(parsed.filter(~ok).select(*ENTRY_COLUMNS))
-    bad[0] = bad[0].select(*ENTRY_COLUMNS)
-    return frames, reduce(lambda a, b: a.union(b), bad)
+    def __init__(self, sources: list[SourceTable], max_entry_bytes: int = MAX_ENTRY_BYTES):
+        from pyspark.sql import functions as F
+
+        self.sources = list(sources)
+        text = F.col("entry").cast("string")
+        tag = F.get_json_object(text, "$.table")
+        fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
+        self._parsed = [F.col(c) for c in ENTRY_COLUMNS]
+        self._split = []
+        for i, node in enumerate(self.sources):
+            ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
+            mine = fits & (F.col("queue") == F.lit(node.queue)) & (tag == F.lit(node.table))
+            r = f"{PREFIX}r{i}"
+            self._parsed.append(F.when(mine, F.from_json(text, ddl, {
+                "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias(r))
+            # a NULL column is either an explicit null (fine) or a missing field (bad): only
+            # then are the entry's keys listed (a second parse), so complete rows pay one parse
+            cols = [F.col(f"`{r}`.`{c}`") for c in node.schema.names]
+            complete = reduce(lambda a, b: a & b, [c.isNotNull() for c in cols])
+            keys = F.json_object_keys(text)
+            present = F.when(complete, F.lit(True)).otherwise(reduce(
+                lambda a, b: a & b, [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
+            weight = F.coalesce(F.col(f"`{r}`.w"), F.lit(1))
+            keep = F.coalesce(F.col(f"`{r}`").isNotNull() & F.col(f"`{r}`.`{CORRUPT}`").isNull()
+                              & (weight != F.lit(0)) & present, F.lit(False))
+            self._split.append((keep, [F.col(f"`{r}`.`{c}`").alias(c) for c in node.schema.names]
+                                + [weight.cast("long").alias(W)]))
+        # every entry no table keeps is bad (too big, no or unknown table, refused by its
+        # table's parse): nothing is dropped without a trace
+        self._bad = ~reduce(lambda a, b: a | b, [k for k, _ in self._split]) \
+            if self._split else F.lit(True)
+        self._entry_cols = [F.col(c) for c in ENTRY_COLUMNS]
+
+    def parse(self, entries_df):
+        """The entries with each one's table struct: persist this, then ``split`` it."""
+        return entries_df.select(*self._parsed)
+
+    def split(self, parsed_df):
+        """(frames: {source name: DataFrame of its columns + W}, bad: DataFrame of bad
+        entries (ENTRY_COLUMNS))."""
+        frames = {node.name: parsed_df.filter(keep).select(*cols)
+                  for node, (keep, cols) in zip(self.sources, self._split, strict=True)}
+        return frames, parsed_df.filter(self._bad).select(*self._entry_cols)
 
 
 def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:

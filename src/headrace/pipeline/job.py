@@ -13,7 +13,7 @@ from functools import reduce
 import pyarrow as pa
 
 from headrace.pipeline import eventtime
-from headrace.pipeline.decode import bad_entries_task, decode
+from headrace.pipeline.decode import Decoder, bad_entries_task
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
 from headrace.pipeline.tasks import (
@@ -35,20 +35,23 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                partitions: int, buckets: int, sinks: dict[int, list[str]],
                writer_ids: dict[str, str], persist_root: str, inline_max: int,
                max_entry_bytes: int, dead_letter: str | None,
-               watermark_us: int | None = None) -> pa.Table | None:
+               watermark_us: int | None = None, decoder: Decoder | None = None
+               ) -> pa.Table | None:
     """Build and run the micro-batch's job; return the control rows (KIND, PAYLOAD).
     ``sinks``: id(operator node) -> the shards its output is written to in this run."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sources = [n for n in nodes if isinstance(n, SourceTable)]
-    # every table's branch and the bad-entry branch read the entries: fetch them once
-    entries_df = entries_df.persist(StorageLevel.MEMORY_AND_DISK)
+    decoder = decoder or Decoder(sources, max_entry_bytes)
+    # every table's branch and the bad-entry branch read the parsed entries: parse them once
+    entries_df = decoder.parse(entries_df.repartition(partitions)).persist(
+        StorageLevel.MEMORY_AND_DISK)
     # read the input once, now: the job's stages run concurrently (Spark's adaptive execution
     # submits each exchange as its own job), and each would otherwise read and cache it anew
     n_entries = entries_df.count()
     persisted = [entries_df]
-    frames, bad = decode(entries_df, sources, max_entry_bytes)
+    frames, bad = decoder.split(entries_df)
     control = [bad.coalesce(1).mapInArrow(bad_entries_task(  # bad entries are rare: 1 task
         {(s.queue, s.table): schema_to_bytes(s.schema) for s in sources}, max_entry_bytes,
         dead_letter,

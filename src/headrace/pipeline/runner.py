@@ -46,11 +46,16 @@ import pyarrow as pa
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
 from headrace.pipeline.builder import PipelineBuilder
-from headrace.pipeline.decode import DEAD_LETTER_SCHEMA, ENTRY_COLUMNS, MAX_ENTRY_BYTES
+from headrace.pipeline.decode import (
+    DEAD_LETTER_SCHEMA,
+    ENTRY_COLUMNS,
+    MAX_ENTRY_BYTES,
+    Decoder,
+)
 from headrace.pipeline.eventtime import parse_control
 from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
-from headrace.pipeline.plan import Map, Node, Operator, Sink
+from headrace.pipeline.plan import Map, Node, Operator, Sink, SourceTable
 from headrace.pipeline.progress import (
     GRAPH_KEY,
     STATE_KEY,
@@ -58,6 +63,7 @@ from headrace.pipeline.progress import (
     commit_progress,
     progress_at,
 )
+from headrace.pipeline.streams import StreamSet
 from headrace.pipeline.tasks import (
     INLINE_MAX,
     KIND,
@@ -140,6 +146,7 @@ class Pipeline(PipelineBuilder):
         self.nodes: list[Node] = []
         self.sinks: list[Sink] = []
         self.queues: list[str] = []
+        self.streams = StreamSet()  # read_stream sources: side queries feeding their queues
         self.time = 0
         self.bindings: dict[str, int] = {}
         self.metrics: dict[str, float] = defaultdict(float)
@@ -148,6 +155,7 @@ class Pipeline(PipelineBuilder):
         self.last_batch: dict | None = None
         self._query = None  # the running Spark query (processingTime runs)
         self._stopping = threading.Event()
+        self._decode = None
 
     @property
     def checkpoint_dir(self) -> str:
@@ -388,8 +396,15 @@ class Pipeline(PipelineBuilder):
             writer_ids=writer_ids, persist_root=self.persist.root,
             inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
             dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
-            watermark_us=watermark)
+            watermark_us=watermark, decoder=self._decoder())
         return self._absorb_control(rows)
+
+    def _decoder(self) -> Decoder:
+        """Built once: the decode expressions cost hundreds of JVM calls to build."""
+        sources = tuple(n for n in self.nodes if isinstance(n, SourceTable))
+        if self._decode is None or self._decode.sources != list(sources):
+            self._decode = Decoder(list(sources), self.max_entry_bytes)
+        return self._decode
 
     def _absorb_control(self, rows: pa.Table | None) -> dict:
         runs, indexes, outputs = [], {}, OutputCollector()
@@ -450,6 +465,12 @@ class Pipeline(PipelineBuilder):
 
         register(self.spark)
         self.recover()
+        if until_idle and self.streams:  # ingest what the streams hold now, then process it
+            try:
+                self.streams.drain(self.checkpoint_dir, self.name)
+            except Exception as e:
+                raise PipelineError(f"pipeline {self.name!r}: a stream's ingest stopped: "
+                                    f"{_first_error_line(e)}") from e
         start_batches = self.metrics["batches"]
         runs = 0
         while True:
@@ -462,13 +483,17 @@ class Pipeline(PipelineBuilder):
                     query = writer.trigger(availableNow=True).start()
                     query.awaitTermination()
                 else:
-                    query = writer.trigger(processingTime=processing_time or "1 second").start()
+                    trigger = processing_time or "1 second"
+                    self.streams.start(self.checkpoint_dir, self.name, trigger)  # run beside
+                    query = writer.trigger(processingTime=trigger).start()
                     self._query = query
                     deadline = None if timeout_s is None else time.monotonic() + timeout_s
                     while query.isActive and not self._stopping.is_set() and (
+                            not self.streams.failed()) and (
                             deadline is None or time.monotonic() < deadline):
                         query.awaitTermination(0.5)
                     query.stop()
+                    self.streams.stop()  # raises what killed a side query, if anything did
                     query.awaitTermination()  # raises what killed it, if anything did
             except Exception as e:  # the query died: what failed inside a batch is in its text
                 raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "

@@ -35,7 +35,10 @@ def session(app_name: str = "headrace", master: str = "local[2]", *,
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stopTimeout", "30s")
-         .config("spark.python.worker.reuse", "true"))
+         .config("spark.python.worker.reuse", "true")
+         # PySpark otherwise records the Python call site of every DataFrame call (several
+         # JVM round trips each): a pipeline builds hundreds of them per micro-batch
+         .config("spark.python.sql.dataFrameDebugging.enabled", "false"))
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
