@@ -47,9 +47,6 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     # every table's branch and the bad-entry branch read the parsed entries: parse them once
     entries_df = decoder.parse(entries_df.repartition(partitions)).persist(
         StorageLevel.MEMORY_AND_DISK)
-    # read the input once, now: the job's stages run concurrently (Spark's adaptive execution
-    # submits each exchange as its own job), and each would otherwise read and cache it anew
-    n_entries = entries_df.count()
     persisted = [entries_df]
     frames, bad = decoder.split(entries_df)
     control = [bad.coalesce(1).mapInArrow(bad_entries_task(  # bad entries are rare: 1 task
@@ -57,8 +54,8 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
         dead_letter,
         writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
         f"`{KIND}` string, `{PAYLOAD}` binary"),
-        spark.createDataFrame([("rows", str(n_entries).encode())],
-                              f"`{KIND}` string, `{PAYLOAD}` binary")]
+        entries_df.agg(F.count(F.lit(1)).alias("n")).select(
+            F.lit("rows").alias(KIND), F.col("n").cast("string").cast("binary").alias(PAYLOAD))]
     try:
         for node in nodes:
             if isinstance(node, Map):  # stateless: Spark expressions on the delta
