@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
+import pyarrow as pa
 import pytest
 
 from headrace.errors import InvalidInput
@@ -104,3 +105,133 @@ def test_append_needs_an_event_time_aggregate(spark, tmp_path):
         bid.with_watermark("price", "5 seconds")
     with pytest.raises(InvalidInput, match="duration"):
         bid.with_watermark("dateTime", "soon")
+    counts = (bid.with_watermark("dateTime", "5 seconds")
+              .group_by(F.window("dateTime", "10 seconds"), "auction").agg(F.count("*")))
+    top = counts.group_by("window_start", "auction").agg(F.max("count(1)").alias("m"))
+    joined = counts.join(top, on=["auction", "window_start"])  # the state key leads with time
+    assert joined.columns == ["auction", "window_start", "window_end", "count(1)", "m"]
+    assert joined.node.source.expiry["columns"] == ["window_start", "window_start"]
+    with pytest.raises(InvalidInput, match="join"):  # a join's rows are never final
+        joined.write_shard("j", mode="append")
+    with pytest.raises(InvalidInput, match="feeds"):  # its final rows would be late at top
+        counts.write_shard("c", mode="append")
+    other = p.read_queue("in2", {"ask": "auction long, t timestamp"})["ask"]
+    with pytest.raises(InvalidInput, match="inner join"):
+        bid.join(other, on="auction", how="left", time_columns=("dateTime", "t"),
+                 within=("0 seconds", "1 second"))
+    with pytest.raises(InvalidInput, match="within"):
+        bid.join(other, on="auction", time_columns=("dateTime", "t"))
+
+
+# ---- event time through joins and downstream aggregates (q5's shape); interval joins ----
+def _hot(src):
+    """Per 10 s window the auctions with the most bids: a count, a max over the counts (a
+    downstream aggregate) and a join of the two on the window."""
+    F = _f()
+    counts = (src["bid"].with_watermark("dateTime", "5 seconds")
+              .group_by(F.window("dateTime", "10 seconds"), "auction")
+              .agg(F.count("*").alias("n")))
+    top = counts.group_by("window_start", "window_end").agg(F.max("n").alias("maxn"))
+    return (counts.join(top, on=["window_start", "window_end"])
+            .filter(F.col("n") >= F.col("maxn")).select("window_start", "auction", "n"))
+
+
+def _hot_batch(frames):
+    F = _f()
+    c = frames["bid"].groupBy(F.window("dateTime", "10 seconds").alias("w"), "auction").agg(
+        F.count("*").alias("n")).select(F.col("w.start").alias("window_start"), "auction", "n")
+    m = c.groupBy("window_start").agg(F.max("n").alias("maxn"))
+    return c.join(m, "window_start").filter("n >= maxn").select("window_start", "auction", "n")
+
+
+def _state_keys(p, node, side: int) -> pa.Array:
+    """Every live state key of one side of an operator, over all buckets."""
+    from headrace.pipeline.progress import STATE_KEY
+    from headrace.pipeline.state import BucketLSM
+    from headrace.pipeline.workers import open_reader
+
+    reader = open_reader(p.root, p.stream, p.bindings[STATE_KEY], None)
+    found = [t["key"] for b in range(p.buckets)
+             for t in BucketLSM(reader, node.op, side, b).scan()]
+    return pa.chunked_array(found, pa.binary()).combine_chunks()
+
+
+def test_windowed_join_and_downstream_aggregate_expire_and_equal_spark(spark, tmp_path,
+                                                                        waves):
+    from headrace.pipeline.operators.aggregate import ACC
+    from headrace.pipeline.plan import Operator
+    from headrace.pipeline.runner import Pipeline
+
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    batches, kept, late = waves
+    for wave in batches:
+        produce_entries(root, "in", encode_entries("bid", wave))
+        p = Pipeline(spark, root, name="hot", partitions=2, buckets=4, checkpoint_dir=ckpt)
+        _hot(p.read_queue("in", SCHEMAS)).write_shard("out")
+        p.run(until_idle=True)
+    assert p.metrics["late_rows"] == len(late)
+    equal, why = rows_equal(p.read_shard("out"),
+                            batch_result(spark, SCHEMAS, {"bid": kept}, _hot_batch))
+    assert equal, why
+    # the final watermark (max event time - 5 s, > 50 s) closed every window but [50 s, 60 s):
+    # the join's and the downstream aggregate's state hold that window only, on every side
+    ops = [n for n in p.nodes if isinstance(n, Operator) and n.expiry]
+    join = next(n for n in ops if n.kind == "join")
+    top = next(n for n in ops if n.params.get("by") == ["window_start", "window_end"])
+    open_window = BASE + dt.timedelta(seconds=50)
+    kernel = join.kernel()
+    for side, codec in ((0, kernel.lkey), (1, kernel.rkey)):
+        starts = codec.decode(_state_keys(p, join, side))["window_start"].to_pylist()
+        assert starts and set(starts) == {open_window}, (side, sorted(set(starts)))
+    acc = [k for k in _state_keys(p, top, 0).to_pylist() if k[:1] == ACC]
+    groups = top.kernel().group_codec.decode(pa.array([k[1:] for k in acc], pa.binary()))
+    assert set(groups["window_start"].to_pylist()) == {open_window}
+
+
+CLICKS = {"click": "ad long, ct timestamp, c long", "view": "ad long, vt timestamp, v long"}
+
+
+def _clicks(seed: int, lo_s: float, hi_s: float, n: int, kind: str) -> list[dict]:
+    rnd = random.Random(seed)
+    t, x = ("ct", "c") if kind == "click" else ("vt", "v")
+    return [{"ad": rnd.randint(1, 3), x: i,
+             t: BASE + dt.timedelta(milliseconds=rnd.randint(int(lo_s * 1000), int(hi_s * 1000)))}
+            for i in range(n)]
+
+
+def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tmp_path):
+    """Views within [click - 5 s, click + 10 s] of a click on the same ad, in two waves; the
+    second wave holds rows behind the watermark (late: dropped, counted)."""
+    from headrace.pipeline.runner import Pipeline
+
+    F = _f()
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    first = {"click": _clicks(1, 0, 30, 60, "click"), "view": _clicks(2, 0, 30, 60, "view")}
+    marks = [max(r[t] for r in first[k]) for k, t in (("click", "ct"), ("view", "vt"))]
+    watermark = min(marks) - dt.timedelta(seconds=5)
+    second = {"click": _clicks(3, 5, 60, 60, "click"), "view": _clicks(4, 5, 60, 60, "view")}
+    late = sum(r[t] <= watermark for k, t in (("click", "ct"), ("view", "vt")) for r in second[k])
+    kept = {k: first[k] + [r for r in second[k] if r[t] > watermark]
+            for k, t in (("click", "ct"), ("view", "vt"))}
+    assert 0 < late < 60
+    p = None
+    for wave in (first, second):
+        produce_entries(root, "in", [e for k in wave for e in encode_entries(k, wave[k])])
+        p = Pipeline(spark, root, name="iv", partitions=2, buckets=4, checkpoint_dir=ckpt)
+        src = p.read_queue("in", CLICKS)
+        clicks = src["click"].with_watermark("ct", "5 seconds")
+        views = src["view"].with_watermark("vt", "5 seconds")
+        clicks.join(views, on="ad", time_columns=("ct", "vt"),
+                    within=("-5 seconds", "10 seconds")).write_shard("out")
+        p.run(until_idle=True)
+    assert p.metrics["late_rows"] == late
+
+    def batch(frames):
+        return frames["click"].join(frames["view"], "ad").where(
+            F.expr("vt BETWEEN ct - INTERVAL 5 SECONDS AND ct + INTERVAL 10 SECONDS"))
+
+    equal, why = rows_equal(p.read_shard("out"), batch_result(spark, CLICKS, kept, batch))
+    assert equal, why
+    join = next(n for n in p.nodes if getattr(n, "kind", "") == "join")
+    left, right = (len(_state_keys(p, join, side)) for side in (0, 1))
+    assert 0 < left < len(kept["click"]) and 0 < right < len(kept["view"]), (left, right)

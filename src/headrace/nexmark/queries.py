@@ -12,9 +12,14 @@ the Flink/Feldera suites, with these spellings:
 * joins rename columns first so that both sides never share a non-key name (``on=`` then
   keeps one copy of each key);
 * the windowed queries (q5, q7, q8) declare ``dateTime`` as event time with a
-  ``WATERMARK_DELAY`` watermark and group by ``F.window(...)``, so their windowed aggregates
-  drop closed windows from state; the stream is in event-time order, so no row is late and the
-  result equals the batch result (q8's "GROUP BY id, name, window" is such an aggregate);
+  ``WATERMARK_DELAY`` watermark and group by ``F.window(...)``; the window stays event time
+  downstream, so every stateful operator of theirs drops closed windows from state: the
+  windowed aggregates, q5's max over the counts per window, and the joins on the window (q5,
+  q7, q8); the stream is in event-time order, so no row is late and the result equals the
+  batch result (q8's "GROUP BY id, name, window" is such an aggregate);
+* q4's ``B.dateTime BETWEEN A.dateTime AND A.expires`` bounds each pair by the auction's own
+  ``expires``, not by fixed durations, so it is a join plus a filter, not an interval join
+  (``Frame.join(..., within=...)`` takes fixed bounds); q4 declares no event time;
 * q5 returns ``auction, num, window_start, window_end`` (Flink's returns ``auction, num``: the
   window says which hop a count belongs to); q4 is Flink's form (max bid of each auction
   within its lifetime, averaged per category, no reserve check).

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.frame import Frame
+from headrace.pipeline import eventtime
+from headrace.pipeline.frame import Frame, duration_us
 from headrace.pipeline.names import W
 from headrace.pipeline.plan import (
     Map,
@@ -39,6 +40,25 @@ def _behind_maps(node: Node) -> Node:
     return node
 
 
+def _upstream_operators(node: Node) -> list[Operator]:
+    """The operators whose output reaches ``node``'s inputs through stateless steps."""
+    out, todo = [], list(node.inputs)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, Operator):
+            out.append(n)
+        else:
+            todo += n.inputs
+    return out
+
+
+def _signed_us(text: str, what: str) -> int:
+    """'-5 seconds' -> -5_000_000 (an interval join's bounds may be negative)."""
+    if isinstance(text, str) and text.strip().startswith("-"):
+        return -duration_us(text.strip()[1:], what)
+    return duration_us(text.lstrip(" +") if isinstance(text, str) else text, what)
+
+
 class QueueTables:
     """``p.read_queue("q").table("bid", "auction long, ...")``: one table at a time."""
 
@@ -56,6 +76,7 @@ class PipelineBuilder:
     nodes: list[Node]
     sinks: list[Sink]
     queues: list[str]
+    streams: list  # headrace.pipeline.streams.StreamIngest, one per read_stream
     buckets: int
     state_backend: str
 
@@ -83,6 +104,28 @@ class PipelineBuilder:
             self.nodes.append(node)
             out[table] = Frame(self, node)
         return out
+
+    def read_stream(self, df, name: str, *, checkpoint: str | None = None) -> Frame:
+        """Any Spark streaming DataFrame (files, Kafka, rate) as table ``name``: a side query
+        ingests it exactly once into the internal queue ``<pipeline>.stream.<name>``, which
+        the pipeline reads like any queue (protocol: :mod:`headrace.pipeline.streams`).
+        ``checkpoint``: the side query's Spark checkpoint (default: ``streams/<name>`` under
+        the pipeline's); it is the stream's position, so keep it durable."""
+        from headrace.pipeline.streams import StreamIngest, stream_schema
+
+        schema = stream_schema(df, name)
+        taken = sorted(set(schema.names) & ENVELOPE)
+        if taken:
+            raise InvalidInput(f"stream {name!r}: column(s) {taken} collide with the queue "
+                               f"entry's envelope fields {sorted(ENVELOPE)}; rename them "
+                               "(df.withColumnRenamed)")
+        queue = f"{self.name}.stream.{name}"
+        if queue in self.queues:
+            raise InvalidInput(f"stream {name!r} is read already")
+        frame = self.read_queue(queue, {name: schema})[name]
+        self.streams.append(StreamIngest(df, url=self.root, store=self.store, queue=queue,
+                                         table=name, checkpoint=checkpoint))
+        return frame
 
     # ---- operators --------------------------------------------------------------------
     def _auto_name(self, kind: str) -> str:
@@ -126,15 +169,15 @@ class PipelineBuilder:
 
         struct = StructType([f for f in out.schema.fields if f.name != W])
         schema = arrow_schema(struct, text)
+        times = eventtime.time_columns(probe, out, getattr(source, "times", {}))
+        if event_time is not None:
+            times[event_time] = 0
+        if window is not None and window[0] in times:  # a window is final when its end is
+            times.update(window_start=times[window[0]] + window[1], window_end=times[window[0]])
         declares = event_time is not None
-        if event_time is None and getattr(source, "event_time", None) in schema.names:
-            event_time, delay_us = source.event_time, source.delay_us
-        if window is None and getattr(source, "window", None) and {
-                "window_start", "window_end"} <= set(schema.names):
-            window = source.window
         node = Map(name=self._auto_name("map"), schema=schema, source=source, fn=fn, text=text,
                    event_time=event_time, delay_us=delay_us, declares_watermark=declares,
-                   window=window)
+                   window=window, times=times)
         self.nodes.append(node)
         return node
 
@@ -147,7 +190,9 @@ class PipelineBuilder:
                     sorted(zip(first.names, map(str, first.types), strict=True)):
                 raise InvalidInput(f"union: {inputs[0].name!r} has columns {first} but "
                                    f"{other.name!r} has {other.schema}; select the same columns")
-        node = Union(name=self._auto_name("union"), schema=first, sources=inputs)
+        shared = set.intersection(*[set(getattr(i, "times", {})) for i in inputs])
+        node = Union(name=self._auto_name("union"), schema=first, sources=inputs,
+                     times={c: max(i.times[c] for i in inputs) for c in sorted(shared)})
         self.nodes.append(node)
         return node
 
@@ -158,13 +203,58 @@ class PipelineBuilder:
 
     def join(self, left, right, on: list[str] | None = None, name: str = "",
              *, how: str = "inner", left_on: list[str] | None = None,
-             right_on: list[str] | None = None) -> Frame:
+             right_on: list[str] | None = None, time_columns: tuple[str, str] | None = None,
+             within: tuple[str, str] | None = None) -> Frame:
         """Equi-join: inner, left, right, full, left_semi or left_anti (SQL semantics: NULL
-        keys never match); ``on`` (same names) or ``left_on``/``right_on``."""
-        keys = ({"on": list(on)} if on is not None
-                else {"left_on": list(left_on or []), "right_on": list(right_on or [])})
-        return Frame(self, self._add("join", name or self._auto_name("join"), [left, right],
-                                     {"how": how, **keys}))
+        keys never match); ``on`` (same names) or ``left_on``/``right_on``. With
+        ``time_columns=(lt, rt)`` and ``within=(lower, upper)``: an interval join, a pair
+        matches only when rt is in [lt + lower, lt + upper]. Keys that are event time on both
+        sides (or lt and rt) let the join drop late rows and delete state (eventtime.py)."""
+        left, right = _node(left), _node(right)
+        lk = list(on if on is not None else left_on or [])
+        rk = list(on if on is not None else right_on or [])
+        lt_, rt_ = getattr(left, "times", {}), getattr(right, "times", {})
+        expiry, times, params = None, {}, {"how": how}
+        if (time_columns is None) != (within is None):
+            raise InvalidInput("an interval join takes both time_columns=(left, right) and "
+                               "within=(lower, upper), e.g. within=('-5 seconds', '10 seconds')")
+        if within is not None:
+            lt, rt = time_columns
+            lower, upper = (_signed_us(d, f"join within[{i}]") for i, d in enumerate(within))
+            params["interval"] = {"left": lt, "right": rt, "lower_us": lower, "upper_us": upper}
+            if lt in lt_ and rt in rt_:
+                expiry = {"columns": [lt, rt], "offsets_us": [lt_[lt], rt_[rt]]}
+        else:
+            pairs = [i for i, (a, b) in enumerate(zip(lk, rk, strict=False))
+                     if a in lt_ and b in rt_]
+            if pairs:  # the time key first: the keys a watermark closes are a key prefix
+                i = pairs[0]
+                lk, rk = [lk[i]] + lk[:i] + lk[i + 1:], [rk[i]] + rk[:i] + rk[i + 1:]
+                offset = max(lt_[lk[0]], rt_[rk[0]])
+                expiry = {"columns": [lk[0], rk[0]], "offsets_us": [offset, offset]}
+                times = {lk[0]: offset, rk[0]: offset}
+        params.update({"on": lk} if on is not None else {"left_on": lk, "right_on": rk})
+        node = self._add("join", name or self._auto_name("join"), [left, right], params)
+        self._set_expiry(node, expiry, times)
+        out = Frame(self, node)
+        if on is not None and lk != list(on):  # the user's column order (keys come first)
+            from headrace.pipeline.operators import build
+
+            keys = {**params, "on": list(on)}
+            out = out.select(*build("join", [left.schema, right.schema], keys).output_schema.names)
+        return out
+
+    def _set_expiry(self, node: Operator, expiry: dict | None, times: dict) -> None:
+        """Give an operator event-time state; refused behind an append-mode aggregate, whose
+        rows arrive exactly when final — every one of them would be late here."""
+        if expiry is not None:
+            final = [u for u in _upstream_operators(node) if u.emit_final]
+            if final:
+                raise InvalidInput(f"operator {node.name!r} keeps event-time state behind "
+                                   f"{final[0].name!r}, which feeds an append sink: its rows "
+                                   "come out when final, so they would all be late here; "
+                                   "write that sink in mode='update'")
+        node.expiry, node.times = expiry, dict(times)
 
     def distinct(self, input, name: str) -> Frame:
         return Frame(self, self._add("distinct", name, [input], {}))
@@ -178,10 +268,18 @@ class PipelineBuilder:
             raise InvalidInput(f"write_shard mode must be one of {SINK_MODES}, got {mode!r}")
         final = _behind_maps(node)  # filters and projections of final rows are final rows
         if mode == "append":
-            if not (isinstance(final, Operator) and final.expiry):
+            if not (isinstance(final, Operator) and final.expiry and final.kind == "aggregate"):
                 raise InvalidInput(f"shard {shard!r}: mode='append' needs an aggregate grouped "
                                    "by event time (with_watermark, then group_by a window of "
-                                   "that column): only its rows become final; use 'update'")
+                                   "that column): only its rows become final (a join's rows "
+                                   "do not: a later match or padding change may follow); use "
+                                   "'update'")
+            later = [n.name for n in self.nodes if isinstance(n, Operator) and n.expiry
+                     and final in _upstream_operators(n)]
+            if later:
+                raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds {later[0]!r}, which "
+                                   "keeps event-time state: in append mode its rows would "
+                                   "reach it only when final, i.e. late; use 'update'")
             if any(s.mode == "update" and _behind_maps(s.node) is final for s in self.sinks):
                 raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds an update sink; an "
                                    "aggregate emits either changes or final rows")

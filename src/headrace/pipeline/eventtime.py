@@ -1,15 +1,23 @@
-"""Event time in a micro-batch: the watermark's input, late rows, and closing windows.
+"""Event time in a micro-batch: the watermark's input, late rows, and closing state.
 
 Semantics follow Spark Structured Streaming's. ``with_watermark(c, delay)`` tracks the largest
 ``c`` seen; the watermark used by batch t is (largest ``c`` in batches before t) - delay, the
 minimum over a pipeline's watermarks (Spark's default policy), stored with the batch's progress
-so a restart uses the same one. At an aggregate grouped by a window of ``c`` (or by ``c``):
+so a restart uses the same one.
 
-- a row whose group is already final (window_end <= watermark) is *late*: dropped and counted
-  (``metrics["late_rows"]``), as Spark drops it;
-- every group that became final is deleted from state — its key range is the prefix of the
-  bucket below the encoded bound, because the event-time column leads the group key — and, in
-  append mode, emitted then (once, final); update mode emitted it as it changed.
+Event time flows through the plan as *time columns* ({column: offset µs} on every node): the
+watermarked column (offset 0), a window of it (``window_start``: the size, ``window_end``: 0),
+and, downstream, the group columns of an aggregate and the keys of a join that are time columns
+on both sides. A value v with v + offset <= watermark is *final*: no non-late row can carry it
+any more. At an operator whose state is keyed by such a column (an aggregate grouped by it, a
+join on it, an interval join on two of them):
+
+- an input row whose time is final is *late*: dropped and counted (``metrics["late_rows"]``),
+  as Spark drops it;
+- every state key that became final is deleted — its key range is the prefix of the bucket
+  below an encoded bound, because the time column leads the key (``bound_key``; interval joins:
+  ``operators.interval``) — and, in append mode (aggregates only), emitted then (once, final);
+  update mode emitted it as it changed. Output already emitted stays.
 
 To reach every bucket, not only those the batch's rows fall in, the stage gets one weight-0
 row per bucket ("ticks"); tasks drop them before the kernel.
@@ -46,17 +54,41 @@ def bound_key(schema: pa.Schema, column: str, bound_us: int) -> bytes:
     return codec.encode(pa.table({column: pa.array([bound_us + 1], t)})).to_pylist()[0]
 
 
+def time_columns(probe, out, source_times: dict[str, int]) -> dict[str, int]:
+    """The source's time columns that a stateless step passes through unchanged: the same
+    Spark attribute (expression id) in its output, so ``with_column("t", ...)`` over a time
+    column ``t`` (or ``select(expr.alias("t"))``) ends its event time."""
+    names = [c for c in source_times if c in out.columns]
+    if not names:
+        return {}
+    try:
+        def ids(df):
+            attrs = df._jdf.queryExecution().analyzed().output()
+            return {attrs.apply(i).name(): attrs.apply(i).exprId().id()
+                    for i in range(attrs.size())}
+
+        before, after = ids(probe), ids(out)
+        names = [c for c in names if before.get(c) is not None and before[c] == after.get(c)]
+    except Exception:  # noqa: BLE001 — no JVM plan (Spark Connect): by name, as before
+        pass
+    return {c: source_times[c] for c in names}
+
+
 def prepare(spark, node, frame, watermark_us: int | None, buckets: int):
     """(input frame without late rows + one tick per bucket, late-count control DataFrame or
-    None, the stage's ``expire`` spec) for an aggregate with event-time groups."""
+    None, the stage's ``expire`` spec) for an operator with event-time state."""
     from pyspark.sql import functions as F
 
-    column, offset = node.expiry["column"], node.expiry["offset_us"]
+    from headrace.pipeline.names import SIDE
+
+    columns, offsets = node.expiry["columns"], node.expiry["offsets_us"]
     if watermark_us is None:  # no watermark yet: nothing is final, nothing late
         return frame, None, ((b"", True) if node.emit_final else None)
-    bound = watermark_us - offset  # a group with column <= bound is final
-    value = F.unix_micros(F.col(f"`{column}`"))
-    late = F.coalesce(value <= F.lit(bound), F.lit(False))
+    late = F.lit(False)
+    for side, (column, offset) in enumerate(zip(columns, offsets, strict=True)):
+        value = F.unix_micros(F.col(f"`{column}`"))
+        this = F.coalesce(value <= F.lit(watermark_us - offset), F.lit(False))
+        late = this if len(columns) == 1 else F.when(F.col(SIDE) == side, this).otherwise(late)
     count = frame.filter(late).agg(F.count(F.lit(1)).alias("n")).select(
         *_control("late", node.name, F.col("n")))
     kept = frame.filter(~late)
@@ -64,7 +96,13 @@ def prepare(spark, node, frame, watermark_us: int | None, buckets: int):
         (F.col("id").cast("int") if f.name == BUCKET else
          F.lit(0).cast("long") if f.name == W else F.lit(None).cast(f.dataType)).alias(f.name)
         for f in kept.schema.fields])
-    below = bound_key(node.sources[0].schema, column, bound)
+    interval = node.params.get("interval")
+    if interval is not None:
+        from headrace.pipeline.operators.interval import expiry_bounds
+
+        below = expiry_bounds(interval, offsets, watermark_us)
+    else:  # the time column leads the state key; keys below the bound are final
+        below = bound_key(node.sources[0].schema, columns[0], watermark_us - offsets[0])
     return kept.unionByName(ticks), count, (below, node.emit_final)
 
 

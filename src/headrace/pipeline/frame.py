@@ -161,9 +161,13 @@ class Frame:
         return GroupedFrame(self, []).agg(*aggs)
 
     def join(self, other: Frame, on=None, how: str = "inner", *, left_on=None, right_on=None,
-             name: str | None = None) -> Frame:
+             time_columns: tuple[str, str] | None = None,
+             within: tuple[str, str] | None = None, name: str | None = None) -> Frame:
         """Equi-join (SQL semantics: NULL keys never match): inner, left, right, full,
-        left_semi, left_anti; ``on`` names columns of both sides, or ``left_on``/``right_on``."""
+        left_semi, left_anti; ``on`` names columns of both sides, or ``left_on``/``right_on``.
+        Interval join (inner): ``time_columns=("lt", "rt"), within=("-5 seconds", "10
+        seconds")`` also requires ``rt BETWEEN lt - 5 s AND lt + 10 s``; with watermarks on
+        both time columns, rows that can no longer match leave the state."""
         if isinstance(on, str):
             on = [on]
         if isinstance(left_on, str):
@@ -171,7 +175,8 @@ class Frame:
         if isinstance(right_on, str):
             right_on = [right_on]
         return self.pipeline.join(self.node, other.node, on, name or "", how=how,
-                                  left_on=left_on, right_on=right_on)
+                                  left_on=left_on, right_on=right_on,
+                                  time_columns=time_columns, within=within)
 
     def distinct(self, name: str | None = None) -> Frame:
         return self.pipeline.distinct(self.node, name or self.pipeline._auto_name("distinct"))
@@ -204,12 +209,13 @@ class GroupedFrame:
         pre, params, expected = plan_aggregate(frame, by, aggs)
         if pre is not None:
             frame = frame._map(pre[0], pre[1])
-        expiry = _expiry(frame.node, by)
+        expiry, times = _expiry(frame.node, by)
         if expiry is not None:  # the event-time column first: closed groups are a key prefix
-            params["by"] = [expiry["column"]] + [c for c in by if c != expiry["column"]]
+            first = expiry["columns"][0]
+            params["by"] = [first] + [c for c in by if c != first]
         p = self.frame.pipeline
         node = p._add("aggregate", name or p._auto_name("aggregate"), [frame.node], params)
-        node.expiry = expiry
+        p._set_expiry(node, expiry, times)
         check_types(node.schema, expected, f"aggregate {node.name!r}")
         out = Frame(p, node)
         if expected.names != out.columns:  # Spark's column order when the kernel's differs
@@ -244,16 +250,17 @@ class GroupedFrame:
         return frame, names
 
 
-def _expiry(node: Node, by: list[str]) -> dict | None:
-    """How the groups of an aggregate over ``node`` become final, if they do: grouped by a
-    window of the watermarked column (final when window_end <= watermark) or by that column
-    itself (final when the value <= watermark)."""
-    event_time = getattr(node, "event_time", None)
-    if event_time is None:
-        return None
-    window = getattr(node, "window", None)
-    if window is not None and window[0] == event_time and "window_start" in by:
-        return {"column": "window_start", "offset_us": window[1]}
-    if event_time in by:
-        return {"column": event_time, "offset_us": 0}
-    return None
+def _expiry(node: Node, by: list[str]) -> tuple[dict | None, dict]:
+    """How the groups of an aggregate over ``node`` become final, if they do — grouped by a
+    time column (a window of the watermarked column: final when window_end <= watermark; the
+    column itself: when the value <= watermark; an upstream aggregate's or join's window) —
+    and the time columns of its output: that group column, and ``window_end`` beside
+    ``window_start`` (one window's two ends)."""
+    times = getattr(node, "times", {})
+    keyed = [c for c in by if c in times]
+    if not keyed:
+        return None, {}
+    out = {keyed[0]: times[keyed[0]]}
+    if keyed[0] == "window_start" and "window_end" in keyed:
+        out["window_end"] = times["window_end"]
+    return {"columns": [keyed[0]], "offsets_us": [times[keyed[0]]]}, out

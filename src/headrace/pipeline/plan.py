@@ -142,10 +142,12 @@ class Operator(Node):
     params: dict = field(default_factory=dict)
     bucket_columns: list[list[str]] = field(default_factory=list)  # per input
     state_sides: int = 1
-    # event time (aggregates): {"column": first group column, "offset_us": n} — a group is
-    # final once column + offset <= watermark (a window's start + its size = its end)
+    # event time (aggregates, joins on it, interval joins): {"columns": [per input],
+    # "offsets_us": [per input]} — an input row is late, and state keyed by it is final, once
+    # column + offset <= watermark (a window's start + its size = its end); see eventtime.py
     expiry: dict | None = None
     emit_final: bool = False  # append mode: output each group once, when final
+    times: dict = field(default_factory=dict)  # event-time output columns: {column: offset µs}
 
     @property
     def inputs(self) -> list[Node]:
@@ -174,10 +176,11 @@ class Map(Node):
     source: Node | None = None
     fn: object = None
     text: str = ""
-    event_time: str | None = None  # the watermarked column, if it survives this step
+    event_time: str | None = None  # with_watermark: the watermarked column
     delay_us: int | None = None
     declares_watermark: bool = False  # with_watermark itself: its max event time is tracked
-    window: tuple[str, int] | None = None  # (time column, size µs) of window_start/window_end
+    window: tuple[str, int] | None = None  # with_window: (time column, size µs)
+    times: dict = field(default_factory=dict)  # event-time columns: {column: offset µs}
 
     @property
     def inputs(self) -> list[Node]:
@@ -197,6 +200,7 @@ class Union(Node):
     """UNION ALL of inputs with the same columns: the Z-sets add up."""
 
     sources: list[Node] = field(default_factory=list)
+    times: dict = field(default_factory=dict)  # time columns of every input (largest offset)
 
     @property
     def inputs(self) -> list[Node]:

@@ -64,6 +64,7 @@ class PipelineQuery:
         return {"message": message, "is_active": self.is_active, "time": p.time,
                 "batches": int(p.metrics["batches"]), "late_rows": int(p.metrics["late_rows"]),
                 "bad_entries": int(p.metrics["bad_entries"]),
+                "streams": {s.table: dict(s.metrics) for s in p.streams},  # ingest counters
                 "uptime_s": round(time.time() - self._started, 1)}
 
     def stop(self, timeout_s: float | None = 120) -> None:

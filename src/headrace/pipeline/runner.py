@@ -459,8 +459,9 @@ class Pipeline(PipelineBuilder):
         if not self.queues or not self.sinks:
             raise InvalidInput("a pipeline needs read_queue(...) and at least one write_shard")
         if self._expiring() and self.state_backend == "local+backup":
-            raise InvalidInput("event-time aggregates (watermarks) need state_backend="
-                               "'reservoir': the local+backup state cannot expire windows yet")
+            raise InvalidInput("event-time state (watermarked windows, joins on them, interval "
+                               "joins) needs state_backend='reservoir': the local+backup state "
+                               "cannot expire keys yet")
         from headrace.spark.queue_source import register
 
         register(self.spark)
@@ -496,6 +497,7 @@ class Pipeline(PipelineBuilder):
                     self.streams.stop()  # raises what killed a side query, if anything did
                     query.awaitTermination()  # raises what killed it, if anything did
             except Exception as e:  # the query died: what failed inside a batch is in its text
+                self.streams.stop(quiet=True)  # side queries of a continuous run, if still up
                 raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "
                                     f"{_first_error_line(e)}") from e
             runs += 1

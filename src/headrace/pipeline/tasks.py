@@ -241,7 +241,7 @@ def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states:
         out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
         if spec.expire is not None:
             below, emit = spec.expire
-            final = kernel.expire(opened[0], below, emit)
+            final = kernel.expire(opened, below, emit)
             out = final if emit or out is None else pa.concat_tables([out, final])
         for st in opened:
             states.finish(st)

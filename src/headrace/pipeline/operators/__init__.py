@@ -3,7 +3,8 @@
 Params are plain JSON-able values (they are part of the pipeline's fingerprint and travel to
 executors): aggregate ``{"by": [...], "aggs": {out: "count" | "count(col)" | "sum(col)" |
 "avg(col)" | "min(col)" | "max(col)" | "count_distinct(col)"}}``; join ``{"how": ..., "on": [...]}``
-or ``{"how": ..., "left_on": [...], "right_on": [...]}``; distinct ``{}``.
+or ``{"how": ..., "left_on": [...], "right_on": [...]}``, plus ``"interval": {"left": lt,
+"right": rt, "lower_us": n, "upper_us": m}`` for an interval join; distinct ``{}``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def build(kind: str, schemas: list[pa.Schema], params: dict):
 
         keys = ({"on": params["on"]} if "on" in params
                 else {"left_on": params["left_on"], "right_on": params["right_on"]})
+        if "interval" in params:
+            from headrace.pipeline.operators.interval import IntervalJoinKernel
+
+            return IntervalJoinKernel(schemas[0], schemas[1], params.get("how", "inner"),
+                                      interval=params["interval"], **keys)
         return JoinKernel(schemas[0], schemas[1], params.get("how", "inner"), **keys)
     if kind == "distinct":
         from headrace.pipeline.operators.distinct import DistinctKernel

@@ -47,6 +47,7 @@ from headrace.pipeline.operators.zset import (
 FUNCS = ("count", "sum", "avg", "min", "max", "count_distinct")
 _M24 = (1 << 24) - 1
 ACC, MULTISET, DISTINCT = b"\x00", b"\x01", b"\x02"
+NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (keys.py)
 
 
 @dataclass(frozen=True)
@@ -275,14 +276,17 @@ class AggregateKernel:
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
-    def expire(self, state, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
         """Event time: drop every group whose encoded group key sorts below ``below`` (its
         first group column is a window the watermark has closed) with its min/max multisets
         and distinct values; with ``emit`` (append mode), return the groups' final rows (+1).
-        Reads only the key ranges of the closed groups (``state.scan(lo, hi)``)."""
+        Reads only the key ranges of the closed groups (``state.scan(lo, hi)``). ``states``:
+        the operator's spines of the bucket (one, here)."""
+        state = states[0]
         if not self.by:
             return self._empty()
-        found = [t for t in state.scan(ACC, ACC + below)]
+        # from the first non-NULL key: a NULL event time is never final (never late either)
+        found = [t for t in state.scan(ACC + NOT_NULL, ACC + below)]
         if not found or not sum(t.num_rows for t in found):
             return self._empty()
         t = pa.concat_tables(found).combine_chunks()
@@ -293,7 +297,7 @@ class AggregateKernel:
             if kind in ("min", "max"):
                 state.delete_keys(keys.concat_binary(MULTISET + tag, gkeys))
             elif kind == "count_distinct":
-                for d in state.scan(DISTINCT + tag, DISTINCT + tag + below):
+                for d in state.scan(DISTINCT + tag + NOT_NULL, DISTINCT + tag + below):
                     state.delete_keys(d["key"])
         if not emit:
             return self._empty()

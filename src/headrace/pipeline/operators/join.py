@@ -138,6 +138,18 @@ class JoinKernel:
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
+    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+        """Event time: delete both sides' rows whose key sorts below ``below`` — the time key
+        leads the key, so these are the keys the watermark closed, a range scan per side. The
+        output they produced stays (update mode), outer padding included: no later row can
+        carry these keys (they are late), so none would retract it."""
+        if emit:
+            raise InvalidInput("a join emits changes, not final rows: write it with "
+                               "mode='update'")
+        for state in states:  # the bucket's spine of each side
+            _delete_below(state, below)
+        return self._empty()
+
     def _side(self, delta: pa.Table, key_codec, row_codec, on, keep_rows: bool):
         """(consolidated state delta of rows with non-NULL keys, rows with a NULL key + W)."""
         null = np.zeros(delta.num_rows, bool)
@@ -217,6 +229,13 @@ class JoinKernel:
         cols.append(pc.cast(w, pa.int64()))
         return pa.Table.from_arrays(cols, schema=pa.schema(
             list(self.output_schema) + [pa.field(W, pa.int64())]))
+
+
+def _delete_below(state, bound: bytes) -> None:
+    """Delete every key of ``state`` that sorts below ``bound`` (one range scan)."""
+    found = [as_array(t["key"]) for t in state.scan(b"", bound)]
+    if found:
+        state.delete_keys(pa.concat_arrays(found))
 
 
 def _check_products(*tables: pa.Table) -> None:
