@@ -21,7 +21,10 @@ Per query (``headrace.nexmark.queries``; q6 cannot be expressed, see NOT_EXPRESS
     file per kind per micro-batch, a 10 s watermark on ``dateTime``), into a ``noop`` sink
     with ``trigger(availableNow)``, output mode append, else update. Where Spark refuses the
     query (its unsupported-operation checks), ``qN_spark_streaming_supported`` is 0, there is
-    no ``qN_events_per_s_spark``, and the reason is printed.
+    no ``qN_events_per_s_spark``, and the reason is printed. Spark gets its best
+    configuration: the query runs again at each ``--spark-partitions`` count (2, 4, 8; fresh
+    checkpoints) and the fastest wall time is ``qN_events_per_s_spark`` (``qN_spark_best_p``;
+    the first run at ``--partitions`` is ``qN_events_per_s_spark_p4_first_run``).
 (C) the oracle: the same SQL as Spark *batch* over all the Parquet files; headrace's final
     shard must equal it as a multiset of rows (``qN_equal_to_spark_batch``,
     ``headrace.nexmark.compare``). ``queries_equal_to_spark_batch`` counts the equal queries of
@@ -72,6 +75,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="comma-separated (e.g. q0,q5), 'core' (q0-q8) or 'all' (q14-q22 too)")
     p.add_argument("--events", type=int, default=None, help="override the mode's event count")
     p.add_argument("--partitions", type=int, default=4, help="Spark shuffle partitions (both)")
+    p.add_argument("--spark-partitions", default="2,4,8",
+                   help="shuffle partitions tried for Spark streaming; the fastest is reported")
     p.add_argument("--no-spark-streaming", action="store_true",
                    help="skip (B); the batch oracle still runs")
     return p.parse_args(argv)
@@ -192,8 +197,28 @@ def run_spark_streaming(spark, name: str, folder: Path, work: Path) -> dict:
             state = max((sum(o.get("memoryUsedBytes", 0) for o in p.get("stateOperators", []))
                          for p in progress), default=0)
             return {"ok": True, "mode": mode, "watermark": watermark, "wall_s": wall,
-                    "batches": len(progress), "state_memory_bytes_max": state}
+                    "batches": len(progress), "state_memory_bytes_max": state, "df": df}
     return {"ok": False, "reason": " | ".join(refusals)}
+
+
+def spark_best_p(spark, run: dict, work: Path, candidates: list[int]) -> dict:
+    """Spark's best configuration: the query (as ``run_spark_streaming`` found it runs) again at
+    each shuffle-partition count, fresh checkpoints; the fastest wall time wins."""
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    walls = {}
+    try:
+        for p in candidates:
+            spark.conf.set("spark.sql.shuffle.partitions", str(p))
+            t0 = time.perf_counter()
+            q = (run["df"].writeStream.format("noop").outputMode(run["mode"])
+                 .option("checkpointLocation", str(work / f"ckpt-p{p}"))
+                 .trigger(availableNow=True).start())
+            q.awaitTermination()
+            walls[p] = time.perf_counter() - t0
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    best = min(walls, key=walls.get)
+    return {"best_p": best, "wall_s": walls[best], "walls": walls}
 
 
 # ------------------------------------------------------------------------------------- main
@@ -217,6 +242,7 @@ def main(argv=None) -> None:
                         extra={**spark_confs(args.partitions, changelog=True),
                                "spark.driver.memory": "4g"})
     cfg = GeneratorConfig(seed=SEED, rate=sizes["rate"])
+    spark_ps = [int(x) for x in args.spark_partitions.split(",") if x.strip()]
     figures: dict = {"events": sizes["events"], "rate": sizes["rate"],
                      "batch_events": sizes["batch_events"], "partitions": args.partitions}
     counts = {"driver_requests": 0, "task_requests": 0}
@@ -273,7 +299,12 @@ def main(argv=None) -> None:
             s = run_spark_streaming(spark, name, work / "parquet", qwork / "spark")
             figures[f"{name}_spark_streaming_supported"] = int(s["ok"])
             if s["ok"]:
-                figures[f"{name}_events_per_s_spark"] = sizes["events"] / s["wall_s"]
+                best = spark_best_p(spark, s, qwork / "spark-p", spark_ps)
+                figures[f"{name}_spark_best_p"] = best["best_p"]
+                figures[f"{name}_events_per_s_spark"] = sizes["events"] / min(
+                    s["wall_s"], best["wall_s"])
+                figures[f"{name}_events_per_s_spark_p{args.partitions}_first_run"] = (
+                    sizes["events"] / s["wall_s"])
                 figures[f"{name}_spark_state_memory_bytes_max"] = s["state_memory_bytes_max"]
                 figures[f"{name}_spark_output_mode_append"] = int(s["mode"] == "append")
             else:

@@ -44,9 +44,13 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
 
     sources = [n for n in nodes if isinstance(n, SourceTable)]
     decoder = decoder or Decoder(sources, max_entry_bytes)
+    # a queue batch is one input partition: a stateless path to a sink runs in the decode's
+    # tasks, so spread the entries over the stage's tasks for it; stateful operators shuffle
+    # by key anyway, and the extra shuffle would cost more than parsing in one task
+    if any(isinstance(n, Operator) and not n.state_sides for n in nodes):
+        entries_df = entries_df.repartition(partitions)
     # every table's branch and the bad-entry branch read the parsed entries: parse them once
-    entries_df = decoder.parse(entries_df.repartition(partitions)).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    entries_df = decoder.parse(entries_df).persist(StorageLevel.MEMORY_AND_DISK)
     persisted = [entries_df]
     frames, bad = decoder.split(entries_df)
     control = [bad.coalesce(1).mapInArrow(bad_entries_task(  # bad entries are rare: 1 task
