@@ -151,3 +151,43 @@ def test_colliding_names_are_refused_when_the_pipeline_is_defined(spark, tmp_pat
         p.write_shard(agg, "out")
     with pytest.raises(InvalidInput):
         p.aggregate(src["t"], by=["k"], aggs={"k": "count"}, name="agg2")  # output = group col
+
+
+def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path, expected):
+    """A batch that failed at its state checkpoint (in Spark's offset log, not in its commit log,
+    not in our progress) runs again at restart from the queue range the log names, before the
+    streaming query starts; Spark's own re-run of it then finds it done: counted once."""
+    import os
+
+    from headrace.store import FaultyStore, open_store
+
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    _produce(root, 3)
+
+    class FailAtSecondCheckpoint(FaultyStore):
+        def put(self, key, data, *args, **kw):
+            if key.startswith("demo.state/") and p1.time >= 1:
+                raise OSError("injected: the driver died at the state checkpoint")
+            return super().put(key, data, *args, **kw)
+
+    p1 = build_pipeline(spark, root, partitions=2, checkpoint_dir=ckpt, batches_per_trigger=1,
+                        store=FailAtSecondCheckpoint(open_store(root)))
+    with pytest.raises(Exception, match="injected"):
+        p1.run(until_idle=True)
+    assert p1.time == 1
+    assert os.path.exists(os.path.join(ckpt, "offsets", "1"))
+    assert not os.path.exists(os.path.join(ckpt, "commits", "1"))
+
+    p2 = build_pipeline(spark, root, partitions=2, checkpoint_dir=ckpt, batches_per_trigger=1)
+    early = p2._run_interrupted_batch
+    times = []
+
+    def spy():
+        times.append(p2.time)
+        early()
+        times.append(p2.time)
+
+    p2._run_interrupted_batch = spy
+    p2.run(until_idle=True)
+    assert times == [1, 2]  # batch 1 ran from the queue before Spark started
+    assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected

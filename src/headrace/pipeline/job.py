@@ -156,10 +156,14 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
     if not entries or entries[-1].sequence != through:
         raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
                         "needed to recover")
-    meta = [(e.sequence, e.location, pickle.dumps(
-        [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata]))
-        for e in entries]
-    df = spark.createDataFrame(meta, "sequence long, location string, metadata binary")
+    # an Arrow table: Spark builds it in the JVM (a list of tuples would need Python workers to
+    # unpickle it: on a cold restart that alone is a stage of ~2 s)
+    meta = pa.table({"sequence": pa.array([e.sequence for e in entries], pa.int64()),
+                     "location": pa.array([e.location for e in entries], pa.string()),
+                     "metadata": pa.array([pickle.dumps(
+                         [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata])
+                         for e in entries], pa.binary())})
+    df = spark.createDataFrame(meta)
 
     def read(batches):
         from headrace.spark.queue_source import read_batches
@@ -170,7 +174,7 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
             for rb in read_batches(url, manifest, manifest.rpartition("/")[0], todo):
                 yield rb.select(["sequence", "index", "entry"])
 
-    return df.repartition(min(len(meta), partitions)).mapInArrow(
+    return df.repartition(min(meta.num_rows, partitions)).mapInArrow(
         read, "sequence long, index int, entry binary").select(
         F.lit(queue).alias("queue"), "sequence", "index", "entry")
 

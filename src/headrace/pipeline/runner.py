@@ -257,9 +257,22 @@ class Pipeline(PipelineBuilder):
         self._process_range(df, self._spark_batch_end(batch_id, df))
 
     def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
-        """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log
-        (a source's end offset is the next sequence to read; one line per source, in the order
-        of the union ``run`` builds); a probe job only if the log is unreadable."""
+        """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log;
+        a probe job only if the log is unreadable."""
+        ends = self._offset_log_ends(batch_id)
+        if ends is None:
+            from pyspark.sql import functions as F
+
+            log.warning("Spark offset log of batch %d unreadable; probing the batch's end",
+                        batch_id)
+            rows = df.groupBy("queue").agg(F.max("sequence").alias("m")).collect()
+            return {r["queue"]: r["m"] for r in rows}
+        return ends
+
+    def _offset_log_ends(self, batch_id: int) -> dict[str, int] | None:
+        """Spark's offset log entry of ``batch_id`` as the last sequence per queue (a source's
+        end offset is the next sequence to read; one line per source, in the order of the union
+        ``run`` builds), or None when it is missing or unreadable."""
         path = os.path.join(self.checkpoint_dir, "offsets", str(batch_id))
         try:
             with open(path, encoding="utf-8") as f:
@@ -270,11 +283,34 @@ class Pipeline(PipelineBuilder):
             return {q: int(json.loads(o)["sequence"]) - 1
                     for q, o in zip(self.queues, offsets, strict=True)}
         except (OSError, ValueError, KeyError, IndexError, TypeError):
-            from pyspark.sql import functions as F
+            return None
 
-            log.warning("Spark offset log %s unreadable; probing the batch's end", path)
-            rows = df.groupBy("queue").agg(F.max("sequence").alias("m")).collect()
-            return {r["queue"]: r["m"] for r in rows}
+    def _run_interrupted_batch(self) -> None:
+        """Run the batch a crash interrupted — in Spark's offset log, not in its commit log, not
+        in our progress — now, over the queue range the log names (read by executors), instead
+        of after the streaming query's start-up: a restart then does not wait for Spark to
+        plan its sources first (measured: ~8 of a 19 s recovery). Spark re-runs the batch
+        next, with the same offsets, and ``_process_range`` finds it processed."""
+        folder = os.path.join(self.checkpoint_dir, "offsets")
+        try:
+            planned = max((int(n) for n in os.listdir(folder) if n.isdigit()), default=None)
+        except OSError:
+            return
+        if planned is None or os.path.exists(
+                os.path.join(self.checkpoint_dir, "commits", str(planned))):
+            return
+        ends = self._offset_log_ends(planned)
+        afters = {q: self.bindings.get(q, -1) for q in self.queues}
+        if ends is None or all(ends[q] <= afters[q] for q in self.queues):
+            return
+        log.info("running batch %d (interrupted) from the queue before Spark starts", planned)
+        try:
+            entries = reduce(lambda a, b: a.unionByName(b), [
+                self._range_df(q, afters[q], max(ends[q], afters[q])) for q in self.queues])
+        except PipelineError as e:  # Spark's own re-run will meet the same queue
+            log.warning("not running the interrupted batch early: %s", e)
+            return
+        self._process_range(entries, ends)
 
     def _process_range(self, df, ends: dict[str, int | None], no_data: bool = False) -> None:
         from pyspark.sql import functions as F
@@ -466,6 +502,7 @@ class Pipeline(PipelineBuilder):
 
         register(self.spark)
         self.recover()
+        self._run_interrupted_batch()
         if until_idle and self.streams:  # ingest what the streams hold now, then process it
             try:
                 self.streams.drain(self.checkpoint_dir, self.name)
