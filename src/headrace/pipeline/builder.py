@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from headrace.errors import InvalidInput
 from headrace.pipeline import eventtime
+from headrace.pipeline.evolve import SINK_STARTS
 from headrace.pipeline.frame import Frame, duration_us
 from headrace.pipeline.names import W
 from headrace.pipeline.plan import (
@@ -260,12 +261,22 @@ class PipelineBuilder:
         return Frame(self, self._add("distinct", name, [input], {}))
 
     # ---- sinks ------------------------------------------------------------------------
-    def write_shard(self, node, shard: str, mode: str = "update") -> None:
-        """The node's changes go to persist shard ``shard`` at each batch's time."""
+    def write_shard(self, node, shard: str, mode: str = "update",
+                    start: str | None = None) -> None:
+        """The node's changes go to persist shard ``shard`` at each batch's time. ``start``
+        matters for a sink added to a pipeline that has run (evolve.py): it starts from now;
+        behind an operator with state from before, only ``start="now"`` accepts that the shard
+        then gets that operator's changes from now, not its current result."""
         node = _node(node)
         self._check_inputs([node])
         if mode not in SINK_MODES:
             raise InvalidInput(f"write_shard mode must be one of {SINK_MODES}, got {mode!r}")
+        if start == "history":
+            raise InvalidInput(f"shard {shard!r}: start='history' (replaying the queue's "
+                               "retained entries into new parts) is not built; new parts start "
+                               "from now (start='now')")
+        if start not in SINK_STARTS:
+            raise InvalidInput(f"shard {shard!r}: start must be 'now' or None, got {start!r}")
         final = _behind_maps(node)  # filters and projections of final rows are final rows
         if mode == "append":
             if not (isinstance(final, Operator) and final.expiry and final.kind == "aggregate"):
@@ -295,9 +306,10 @@ class PipelineBuilder:
             raise InvalidInput(f"shard {shard!r} is written by this pipeline already")
         if not isinstance(node, Operator):  # a stateless node: a pass-through stage writes it
             node = self._add("identity", self._auto_name("sink"), [node], {})
-        self.sinks.append(Sink(node, shard, mode))
+        self.sinks.append(Sink(node, shard, mode, start))
 
     @property
     def fingerprint(self) -> str:
-        """Operator graph, buckets and backend: state of another layout is refused."""
+        """The whole graph, buckets and backend in one digest: still committed, and the only
+        marker of progress written before per-part digests (evolve.py)."""
         return fingerprint(self.nodes, self.sinks, self.buckets, self.state_backend)

@@ -182,11 +182,13 @@ class Frame:
         return self.pipeline.distinct(self.node, name or self.pipeline._auto_name("distinct"))
 
     # ---- sinks ------------------------------------------------------------------------
-    def write_shard(self, shard: str, mode: str = "update") -> None:
+    def write_shard(self, shard: str, mode: str = "update", start: str | None = None) -> None:
         """Write this frame's changes to a persist shard: ``update`` (default) writes every
         change (the shard's contents = the query's current result); ``append`` writes each
-        window's rows once, when the watermark has passed the window's end."""
-        self.pipeline.write_shard(self.node, shard, mode=mode)
+        window's rows once, when the watermark has passed the window's end. A sink added to a
+        pipeline that has run starts from now; ``start="now"`` is needed behind an operator
+        with state from before (docs/queries.md, "Adding parts")."""
+        self.pipeline.write_shard(self.node, shard, mode=mode, start=start)
 
 
 class GroupedFrame:

@@ -2,7 +2,9 @@
 
 Nodes are plain data. Every node knows its output schema (Arrow, without the weight), so a bad
 column, a type mismatch or a reserved name fails at definition time, never in a micro-batch.
-``fingerprint`` digests the graph: state written by another graph is refused at recovery.
+``node_digests`` gives each operator and sink a digest of its definition and whole upstream
+lineage, so a pipeline that has run can gain parts without disturbing the ones it has
+(``evolve.py``); ``fingerprint`` is the older digest of the whole graph, still read.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ class Sink:
     node: Node
     shard: str
     mode: str = "update"
+    start: str | None = None  # a sink added to a pipeline that has run: "now" (evolve.py)
 
 
 def consumers(nodes: list[Node], node: Node) -> list[Node]:
@@ -238,3 +241,61 @@ def fingerprint(nodes: list[Node], sinks: list[Sink], buckets: int, backend: str
     desc.append({"sinks": [(s.node.name, s.shard, s.mode) for s in sinks], "partitions": buckets,
                  "backend": backend})
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _digest(obj) -> int:
+    """63 bits of sha256: fits the progress shard's int64 ``address`` column."""
+    raw = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
+    return int.from_bytes(raw[:8], "big") >> 1
+
+
+def _definition(n: Node) -> dict:
+    """What a node computes, without its inputs. A Map's auto name is left out (its text and
+    schema say what it does); an operator's name and ordinal ``op`` are in (its state pages
+    are keyed by ``op``: the same kernel at another ordinal would read other state)."""
+    item = {"type": type(n).__name__, "schema": str(n.schema)}
+    if isinstance(n, SourceTable):
+        item.update(queue=n.queue, table=n.table)
+    elif isinstance(n, Map):
+        item.update(text=n.text, event_time=n.event_time, delay_us=n.delay_us,
+                    window=n.window)
+    elif isinstance(n, Operator):
+        item.update(op=n.op, name=n.name, kind=n.kind, params=n.params, expiry=n.expiry,
+                    emit_final=n.emit_final)
+    return item
+
+
+def node_digests(nodes: list[Node], sinks: list[Sink]) -> tuple[dict[int, tuple[str, int]],
+                                                                 dict[str, int]]:
+    """({op: (name, digest)} of the operators with state, {shard: digest}): each digest covers
+    the part's own definition and its whole upstream lineage, so adding nodes elsewhere leaves
+    it as it is and changing anything it reads from changes it. A stateless operator (a
+    sink's pass-through stage) is covered by its sink's digest."""
+    memo: dict[int, int] = {}
+
+    def digest(n: Node) -> int:
+        if id(n) not in memo:
+            memo[id(n)] = _digest({**_definition(n), "inputs": [digest(i) for i in n.inputs]})
+        return memo[id(n)]
+
+    ops = {n.op: (n.name, digest(n)) for n in nodes if isinstance(n, Operator) and n.state_sides}
+    out = {s.shard: _digest({"shard": s.shard, "mode": s.mode, "node": digest(s.node)})
+           for s in sinks}
+    return ops, out
+
+
+def layout_digest(buckets: int, backend: str) -> int:
+    """The state layout: state written under another one cannot be read."""
+    return _digest({"buckets": buckets, "backend": backend})
+
+
+def upstream(node: Node) -> list[Node]:
+    """``node`` and every node it reads from, transitively."""
+    seen: dict[int, Node] = {}
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if id(n) not in seen:
+            seen[id(n)] = n
+            todo += n.inputs
+    return list(seen.values())

@@ -22,9 +22,11 @@ pipeline rescales without moving state.
 
 Restart (``recover``): t = upper(progress). A sink whose upper is t-1 missed step 5 of batch
 t-1: its output is recomputed from the recorded input range (read by executors) and state
-v(t-2), then linked; the state is not rewritten. Queue entries are acknowledged only after the
-batch completes, so the range is still readable. Spark's own checkpoint may be deleted: entries
-at or below the recorded sequence are filtered out.
+v(t-2), then linked; the state is not rewritten. Parts added to the graph since the last run
+start from t (``evolve.py``): a new sink's shard is first brought to upper t by an empty link.
+Queue entries are acknowledged only after the batch completes, so the range is still readable.
+Spark's own checkpoint may be deleted: entries at or below the recorded sequence are filtered
+out.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from headrace.pipeline.decode import (
     Decoder,
 )
 from headrace.pipeline.eventtime import parse_control
+from headrace.pipeline.evolve import GraphChanged, reconcile
 from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
 from headrace.pipeline.plan import Map, Node, Operator, Sink, SourceTable
@@ -156,6 +159,7 @@ class Pipeline(PipelineBuilder):
         self._query = None  # the running Spark query (processingTime runs)
         self._stopping = threading.Event()
         self._decode = None
+        self._graph = None  # the graph rows of the progress bindings (recover)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -195,20 +199,34 @@ class Pipeline(PipelineBuilder):
         return obj
 
     def recover(self) -> int:
-        """Bring every output up to the progress shard; returns the time to continue at."""
+        """Bring every output up to the progress shard; returns the time to continue at.
+        The graph may have gained parts since (evolve.py): new sinks' shards are brought to
+        the current time by an empty link, and start from there."""
         upper = self.persist.upper(self.progress_shard) or 0
         self.time = upper
         self.bindings = progress_at(self.persist, self.progress_shard, upper - 1)
-        graph = self.bindings.get(f"{GRAPH_KEY}:{self.fingerprint}")
-        if upper and graph is None:
-            raise PipelineError(f"pipeline {self.name!r}: stored progress was written by a "
-                                "different operator graph; use a new name or root")
-        behind = []
+        try:
+            evo = reconcile(self.bindings if upper else {}, self.nodes, self.sinks,
+                            buckets=self.buckets, backend=self.state_backend,
+                            legacy_fingerprint=self.fingerprint, pipeline=self.name)
+        except GraphChanged as e:
+            raise PipelineError(str(e)) from e
+        self._graph = evo.graph
+        if upper and evo.removed:
+            log.warning("pipeline %r: removed since the last run (state and shards left as "
+                        "they are): %s", self.name, ", ".join(evo.removed))
+        if upper and (evo.new_ops or evo.new_sinks):
+            log.info("pipeline %r: new parts start at t=%d: operators %s, sinks %s",
+                     self.name, upper, evo.new_ops, evo.new_sinks)
+        behind, fresh = [], []
         for shard, schema in self._outputs():
             su = self.persist.upper(shard) or 0
             if su == upper:
                 continue
-            if su != upper - 1:
+            if shard in evo.new_sinks and su == 0:
+                fresh.append((shard, schema))
+                continue
+            if su != upper - 1 or shard in evo.new_sinks:
                 raise PipelineError(f"shard {shard!r} is at {su}, progress at {upper}: "
                                     "written by something else?")
             behind.append((shard, schema))
@@ -224,7 +242,17 @@ class Pipeline(PipelineBuilder):
                                       watermark=self._watermark(prev))
             self._link_outputs(result["outputs"], t, behind)
             self.metrics["replayed_batches"] += 1
+        for shard, schema in fresh:  # from now: nothing before t; batch t links its output
+            self.persist.open_writer(shard).link_parts([], 0, upper, schema)
         return self.time
+
+    def _graph_bindings(self) -> dict[str, int]:
+        """The graph rows each batch commits (set by recover; a fresh graph before it)."""
+        if self._graph is None:
+            self._graph = reconcile({}, self.nodes, self.sinks, buckets=self.buckets,
+                                    backend=self.state_backend, legacy_fingerprint="",
+                                    pipeline=self.name).graph
+        return {**self._graph.bindings(), f"{GRAPH_KEY}:{self.fingerprint}": 0}
 
     def _range_df(self, queue: str, after: int, through: int):
         try:
@@ -343,7 +371,7 @@ class Pipeline(PipelineBuilder):
             storage.absorb(result["runs"])
             version = storage.checkpoint()
         new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
-               f"{GRAPH_KEY}:{self.fingerprint}": 0, **self._event_times(result["wm"])}
+               **self._graph_bindings(), **self._event_times(result["wm"])}
         commit_progress(self.persist, self.progress_shard, t, self.bindings, new)
         if result["indexes"]:  # recorded durably: make the snapshots permanent
             from headrace.spark.local_state import finalize
