@@ -112,3 +112,43 @@ def parse_control(payload: bytes) -> tuple[str, int] | None:
         return None
     name, _, value = payload.decode().rpartition("=")
     return (name, int(value)) if value else None
+
+
+def watermark_nodes(nodes: list) -> list:
+    """The with_watermark nodes of a plan."""
+    from headrace.pipeline.plan import Map
+
+    return [n for n in nodes if isinstance(n, Map) and n.declares_watermark]
+
+
+def expiring(nodes: list) -> bool:
+    """Does any operator keep event-time state (and so expire it)?"""
+    from headrace.pipeline.plan import Operator
+
+    return any(isinstance(n, Operator) and n.expiry for n in nodes)
+
+
+def watermark_of(nodes: list, bindings: dict) -> int | None:
+    """The watermark (µs) of the next batch: min over with_watermark nodes of (largest event
+    time seen so far - delay); None until every one has seen a row."""
+    from headrace.pipeline.progress import WM_KEY
+
+    marks = watermark_nodes(nodes)
+    seen = [bindings.get(f"{WM_KEY}:{n.name}") for n in marks]
+    if not seen or any(m is None for m in seen):
+        return None
+    return min(m - n.delay_us for m, n in zip(seen, marks, strict=True))
+
+
+def event_time_bindings(nodes: list, bindings: dict, seen: dict[str, int]) -> dict[str, int]:
+    """Largest event time per watermark node through this batch (for the progress bindings):
+    the stored one or this batch's ``seen``, whichever is larger."""
+    from headrace.pipeline.progress import WM_KEY
+
+    out = {}
+    for n in watermark_nodes(nodes):
+        key = f"{WM_KEY}:{n.name}"
+        vals = [v for v in (bindings.get(key), seen.get(n.name)) if v is not None]
+        if vals:
+            out[key] = int(max(vals))
+    return out

@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import tempfile
 import threading
 import time
@@ -48,29 +47,28 @@ import pyarrow as pa
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
 from headrace.pipeline.builder import PipelineBuilder
+from headrace.pipeline.control import absorb
 from headrace.pipeline.decode import (
     DEAD_LETTER_SCHEMA,
     ENTRY_COLUMNS,
     MAX_ENTRY_BYTES,
     Decoder,
 )
-from headrace.pipeline.eventtime import parse_control
+from headrace.pipeline.eventtime import event_time_bindings, expiring, watermark_of
 from headrace.pipeline.evolve import GraphChanged, reconcile
 from headrace.pipeline.job import RangeGone, range_df, run_stages
 from headrace.pipeline.outputs import OutputCollector
-from headrace.pipeline.plan import Map, Node, Operator, Sink, SourceTable
+from headrace.pipeline.plan import Node, Sink, SourceTable
 from headrace.pipeline.progress import (
     GRAPH_KEY,
     STATE_KEY,
-    WM_KEY,
     commit_progress,
     progress_at,
 )
+from headrace.pipeline.sparklog import interrupted_batch, offset_log_ends
 from headrace.pipeline.streams import StreamSet
 from headrace.pipeline.tasks import (
     INLINE_MAX,
-    KIND,
-    PAYLOAD,
     TaskContextSpec,
 )
 from headrace.store import CountingStore, open_store
@@ -239,7 +237,7 @@ class Pipeline(PipelineBuilder):
                 for q in self.queues])  # an empty range: a no-data batch
             result = self._run_stages(entries, prev.get(STATE_KEY), t=t, write_state=False,
                                       shards={s for s, _ in behind},
-                                      watermark=self._watermark(prev))
+                                      watermark=watermark_of(self.nodes, prev))
             self._link_outputs(result["outputs"], t, behind)
             self.metrics["replayed_batches"] += 1
         for shard, schema in fresh:  # from now: nothing before t; batch t links its output
@@ -287,7 +285,7 @@ class Pipeline(PipelineBuilder):
     def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
         """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log;
         a probe job only if the log is unreadable."""
-        ends = self._offset_log_ends(batch_id)
+        ends = offset_log_ends(self.checkpoint_dir, self.queues, batch_id)
         if ends is None:
             from pyspark.sql import functions as F
 
@@ -297,37 +295,16 @@ class Pipeline(PipelineBuilder):
             return {r["queue"]: r["m"] for r in rows}
         return ends
 
-    def _offset_log_ends(self, batch_id: int) -> dict[str, int] | None:
-        """Spark's offset log entry of ``batch_id`` as the last sequence per queue (a source's
-        end offset is the next sequence to read; one line per source, in the order of the union
-        ``run`` builds), or None when it is missing or unreadable."""
-        path = os.path.join(self.checkpoint_dir, "offsets", str(batch_id))
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = [ln for ln in f.read().splitlines() if ln.strip()]
-            offsets = lines[-len(self.queues):]
-            if len(lines) < len(self.queues) + 2:  # version line, metadata line, sources
-                raise ValueError("fewer sources than queues")
-            return {q: int(json.loads(o)["sequence"]) - 1
-                    for q, o in zip(self.queues, offsets, strict=True)}
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
-            return None
-
     def _run_interrupted_batch(self) -> None:
         """Run the batch a crash interrupted — in Spark's offset log, not in its commit log, not
         in our progress — now, over the queue range the log names (read by executors), instead
         of after the streaming query's start-up: a restart then does not wait for Spark to
         plan its sources first (measured: ~8 of a 19 s recovery). Spark re-runs the batch
         next, with the same offsets, and ``_process_range`` finds it processed."""
-        folder = os.path.join(self.checkpoint_dir, "offsets")
-        try:
-            planned = max((int(n) for n in os.listdir(folder) if n.isdigit()), default=None)
-        except OSError:
+        planned = interrupted_batch(self.checkpoint_dir)
+        if planned is None:
             return
-        if planned is None or os.path.exists(
-                os.path.join(self.checkpoint_dir, "commits", str(planned))):
-            return
-        ends = self._offset_log_ends(planned)
+        ends = offset_log_ends(self.checkpoint_dir, self.queues, planned)
         afters = {q: self.bindings.get(q, -1) for q in self.queues}
         if ends is None or all(ends[q] <= afters[q] for q in self.queues):
             return
@@ -357,7 +334,7 @@ class Pipeline(PipelineBuilder):
                                             & (F.col("sequence") <= F.lit(ends[q]))
                                             for q in self.queues])
         df = df.filter(fresh).select(*ENTRY_COLUMNS)
-        watermark = self._watermark(self.bindings)
+        watermark = watermark_of(self.nodes, self.bindings)
         result = self._run_stages(df, prev_version, t=t, write_state=True,
                                   shards={s for s, _ in self._outputs()}, watermark=watermark)
         if self.state_backend == "local+backup":
@@ -371,7 +348,7 @@ class Pipeline(PipelineBuilder):
             storage.absorb(result["runs"])
             version = storage.checkpoint()
         new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
-               **self._graph_bindings(), **self._event_times(result["wm"])}
+               **self._graph_bindings(), **event_time_bindings(self.nodes, self.bindings, result["wm"])}
         commit_progress(self.persist, self.progress_shard, t, self.bindings, new)
         if result["indexes"]:  # recorded durably: make the snapshots permanent
             from headrace.spark.local_state import finalize
@@ -398,35 +375,10 @@ class Pipeline(PipelineBuilder):
         if self.on_batch is not None:
             self.on_batch(dict(self.last_batch))
         log.info("batch t=%d: through %s, state v%d, %.3f s", t, ends, version, seconds)
-        if self._expiring() and self._watermark(new) != watermark:
+        if expiring(self.nodes) and watermark_of(self.nodes, new) != watermark:
             # Spark's "no-data batch": windows the new watermark closes are expired (and, in
             # append mode, emitted) now, not when more input happens to arrive
             self._process_range(df.limit(0), ends, no_data=True)
-
-    # ---- event time --------------------------------------------------------------------
-    def _watermarks(self) -> list:
-        return [n for n in self.nodes if isinstance(n, Map) and n.declares_watermark]
-
-    def _expiring(self) -> bool:
-        return any(isinstance(n, Operator) and n.expiry for n in self.nodes)
-
-    def _watermark(self, bindings: dict) -> int | None:
-        """The watermark (µs) of the next batch: min over with_watermark nodes of (largest
-        event time seen so far - delay); None until every one has seen a row."""
-        marks = [bindings.get(f"{WM_KEY}:{n.name}") for n in self._watermarks()]
-        if not marks or any(m is None for m in marks):
-            return None
-        return min(m - n.delay_us for m, n in zip(marks, self._watermarks(), strict=True))
-
-    def _event_times(self, seen: dict[str, int]) -> dict[str, int]:
-        """Largest event time per watermark node, through this batch (for the bindings)."""
-        out = {}
-        for n in self._watermarks():
-            key = f"{WM_KEY}:{n.name}"
-            vals = [v for v in (self.bindings.get(key), seen.get(n.name)) if v is not None]
-            if vals:
-                out[key] = int(max(vals))
-        return out
 
     def _outputs(self) -> list[tuple[str, pa.Schema]]:
         """Every shard a batch writes at its time: the sinks, and the dead-letter shard."""
@@ -471,49 +423,19 @@ class Pipeline(PipelineBuilder):
         return self._decode
 
     def _absorb_control(self, rows: pa.Table | None) -> dict:
-        runs, indexes, outputs = [], {}, OutputCollector()
-        bad, examples, seen, late, task_requests = 0, [], {}, 0, defaultdict(int)
-        input_rows = 0
-        if rows is not None:
-            for kind, payload in zip(rows[KIND].to_pylist(), rows[PAYLOAD].to_pylist(),
-                                     strict=True):
-                if kind == "run":
-                    runs.append(pickle.loads(payload))
-                elif kind == "indexes":
-                    indexes.update(json.loads(payload))
-                elif kind in ("part", "out"):
-                    outputs.add(kind, payload)
-                elif kind == "bad":
-                    summary = pickle.loads(payload)
-                    bad += summary["count"]
-                    examples += summary["examples"]
-                elif kind == "rows":
-                    input_rows += int(payload)
-                elif kind in ("wm", "late"):
-                    got = parse_control(payload)
-                    if got is not None and kind == "wm":
-                        seen[got[0]] = max(got[1], seen.get(got[0], got[1]))
-                    elif got is not None:
-                        late += got[1]
-                elif kind == "metrics":
-                    for k, v in json.loads(payload).items():
-                        self.metrics[f"task_{k}"] += v
-                        task_requests[k] += v
+        c = absorb(rows)
+        for k, v in c.task_requests.items():
+            self.metrics[f"task_{k}"] += v
         self.metrics["driver_inline_output_bytes_max"] = max(
-            self.metrics["driver_inline_output_bytes_max"], outputs.inline_bytes)
-        if bad and self.on_bad_entry == "fail":
-            e = min(examples, key=lambda x: (x["sequence"], x["index"]))
-            where = f"queue {e['queue']!r} sequence {e['sequence']} entry {e['index']}"
-            if e["table"] is not None:
-                where += f", table {e['table']!r}"
-            if e["field"] is not None:
-                where += f", field {e['field']!r}"
-            raise BadEntry(f"{where}: {e['reason']} ({bad} bad entries in this batch; nothing "
+            self.metrics["driver_inline_output_bytes_max"], c.outputs.inline_bytes)
+        if c.bad and self.on_bad_entry == "fail":
+            raise BadEntry(f"{c.first_bad()} ({c.bad} bad entries in this batch; nothing "
                            "was committed; Pipeline(on_bad_entry='dead_letter') keeps them "
                            "in a dead-letter shard instead)")
-        self.metrics["late_rows"] += late
-        return {"runs": runs, "indexes": indexes, "outputs": outputs, "bad": bad, "wm": seen,
-                "late": late, "task_requests": dict(task_requests), "input_rows": input_rows}
+        self.metrics["late_rows"] += c.late
+        return {"runs": c.runs, "indexes": c.indexes, "outputs": c.outputs, "bad": c.bad,
+                "wm": c.wm, "late": c.late, "task_requests": dict(c.task_requests),
+                "input_rows": c.input_rows}
 
     # ---- running ----------------------------------------------------------------------
     def run(self, *, until_idle: bool = True, max_runs: int | None = None,
@@ -522,7 +444,7 @@ class Pipeline(PipelineBuilder):
         nothing new; otherwise a processingTime trigger until ``timeout_s``. Returns batches."""
         if not self.queues or not self.sinks:
             raise InvalidInput("a pipeline needs read_queue(...) and at least one write_shard")
-        if self._expiring() and self.state_backend == "local+backup":
+        if expiring(self.nodes) and self.state_backend == "local+backup":
             raise InvalidInput("event-time state (watermarked windows, joins on them, interval "
                                "joins) needs state_backend='reservoir': the local+backup state "
                                "cannot expire keys yet")
