@@ -88,20 +88,22 @@ class PipelineBuilder:
         adds one table at a time."""
         if tables is None:
             return QueueTables(self, queue)
-        if queue not in self.queues:
-            self.queues.append(queue)
-        out = {}
-        for table, spec in tables.items():
+        schemas = {}
+        for table, spec in tables.items():  # every check before anything is added
             schema = parse_schema(spec, f"table {table!r}")
             taken = sorted(set(schema.names) & ENVELOPE)
             if taken:
                 raise InvalidInput(f"table {table!r}: column(s) {taken} collide with the queue "
                                    f"entry's envelope fields {sorted(ENVELOPE)} (the table name "
-                                   "and the weight); rename them in the entries")
-            name = f"{queue}.{table}"
-            if any(n.name == name for n in self.nodes):
+                                   "and the weight); rename them")
+            if any(n.name == f"{queue}.{table}" for n in self.nodes):
                 raise InvalidInput(f"table {table!r} of queue {queue!r} is read already")
-            node = SourceTable(name=name, schema=schema, queue=queue, table=table)
+            schemas[table] = schema
+        if queue not in self.queues:
+            self.queues.append(queue)
+        out = {}
+        for table, schema in schemas.items():
+            node = SourceTable(name=f"{queue}.{table}", schema=schema, queue=queue, table=table)
             self.nodes.append(node)
             out[table] = Frame(self, node)
         return out
@@ -115,11 +117,6 @@ class PipelineBuilder:
         from headrace.pipeline.streams import StreamIngest, stream_schema
 
         schema = stream_schema(df, name)
-        taken = sorted(set(schema.names) & ENVELOPE)
-        if taken:
-            raise InvalidInput(f"stream {name!r}: column(s) {taken} collide with the queue "
-                               f"entry's envelope fields {sorted(ENVELOPE)}; rename them "
-                               "(df.withColumnRenamed)")
         queue = f"{self.name}.stream.{name}"
         if queue in self.queues:
             raise InvalidInput(f"stream {name!r} is read already")
