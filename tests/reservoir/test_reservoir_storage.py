@@ -305,3 +305,35 @@ def test_padded_files_and_direct_io_reads(tmp_path):
         assert all(r.read(p) == d for p, d in pages.items())
         entries = list(r.source.cache._entries.values())
         assert entries and all(e.fd >= 0 or e.mm is not None for e in entries)
+
+
+@pytest.mark.parametrize("registry", ["bundled", "file"])
+def test_reader_following_a_stream_reads_one_checkpoint_per_version(tmp_path, registry):
+    """An executor's reader of version v+1 is built on its reader of v (``at``): it reads the
+    one new checkpoint object (plus the registry file in registry="file" mode), not the chain
+    back to the last snapshot — and sees exactly what a fresh reader sees, across snapshots."""
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
+    opts = ReservoirOptions(max_file_size=256 * 1024, snapshot_interval=8, registry=registry)
+    expected: dict[int, bytes] = {}
+    reader = None
+    with ReservoirStorage.open(store, options=opts) as st:
+        for v in range(1, 30):
+            page = {v % 11: v.to_bytes(4, "little") * 300, 100 + v: os.urandom(50)}
+            _fill(st, page)
+            expected.update(page)
+            st.checkpoint()
+            store.reset()
+            reader = (ReservoirReader.open(store, version=v, options=opts,
+                                           cache_dir=tmp_path / "c") if reader is None
+                      else reader.at(v))
+            gets = store.counts()["gets"]
+            assert reader.version == v
+            assert {p: reader.read(p) for p in expected} == expected
+            with ReservoirReader.open(store, version=v, options=opts) as fresh:
+                assert list(fresh.page_ids()) == list(reader.page_ids())
+            if v > 1:
+                assert gets == (1 if registry == "bundled" else 2), (v, gets)
+        back = reader.at(27)  # an older version: read from its snapshot, not built on v=29
+        assert back.version == 27 and not back.contains(129)
+        assert back.read(27 % 11) == (27).to_bytes(4, "little") * 300
+    reader.close()

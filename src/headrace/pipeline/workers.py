@@ -2,12 +2,17 @@
 
 Spark reuses Python workers across tasks, so a reader opened once per (stream, version) serves
 every task of the micro-batch that lands on the worker, and its local cache (one folder per
-worker process) means a state file is fetched once per worker, not once per task.
+worker process) means a state file is fetched once per worker, not once per task. The next
+micro-batch's reader is built on the previous one (``ReservoirReader.at``): one checkpoint
+object read per batch, the same cache. Cache folders of worker processes that have exited are
+removed when a worker opens its first reader (Spark replaces workers; their folders would
+otherwise pile up in the temp dir).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -40,10 +45,39 @@ def open_reader(url: str, stream: str, version: int | None, cache_dir: str | Non
     with _lock:
         reader = _readers.get(key)
         if reader is None:
-            for old in [k for k in _readers if k[:2] == key[:2]]:
-                _readers.pop(old)  # older versions of the same stream are not read again
-            folder = Path(cache_dir or Path(tempfile.gettempdir()) / "headrace-cache")
-            reader = ReservoirReader.open(store, stream=stream, version=version,
-                                          cache_dir=folder / f"{os.getpid()}" / stream)
+            # older versions of the same stream are not read again; the newest of them is the
+            # base the new version is read on (one checkpoint object per micro-batch, not the
+            # chain back to the last snapshot, and the same local cache)
+            older = sorted((k for k in _readers if k[:2] == key[:2]), key=lambda k: k[2])
+            base = _readers[older[-1]] if older else None
+            for old in older:
+                _readers.pop(old)
+            if base is not None:
+                reader = base.at(version)
+            else:
+                folder = Path(cache_dir or Path(tempfile.gettempdir()) / "headrace-cache")
+                _sweep_exited_workers(folder)
+                reader = ReservoirReader.open(store, stream=stream, version=version,
+                                              cache_dir=folder / f"{os.getpid()}" / stream)
             _readers[key] = reader
     return reader
+
+
+_swept: set[Path] = set()
+
+
+def _sweep_exited_workers(folder: Path) -> None:
+    """Delete the cache folders (named by pid) of worker processes that no longer exist."""
+    if folder in _swept or not folder.is_dir():
+        return
+    _swept.add(folder)
+    for d in folder.iterdir():
+        if not d.name.isdigit() or d.is_symlink() or not d.is_dir():
+            continue
+        try:
+            os.kill(int(d.name), 0)
+            continue  # alive (or not ours to signal): keep
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (PermissionError, OverflowError, ValueError):
+            continue

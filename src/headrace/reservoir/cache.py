@@ -242,6 +242,8 @@ class LocalCache:
     def _add_entry(self, file_id: int, crc: int, path: Path, size: int) -> None:
         self._entries[file_id] = _Entry(file_id, crc, path, size, self.opts.direct_io)
         self._used += size
+        if self._used > self.opts.cache_evict_from * self.max_bytes:
+            self._wake.set()  # the evictor sleeps until the cache is over its mark
 
     def _drop(self, e: _Entry) -> None:
         self._used -= e.size
@@ -336,7 +338,7 @@ class LocalCache:
 
     def _evict_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(timeout=0.5)
+            self._wake.wait()  # no polling: an idle cache costs no wake-ups
             self._wake.clear()
             with self._lock:
                 limit = self.opts.cache_evict_from * self.max_bytes

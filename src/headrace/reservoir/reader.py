@@ -20,18 +20,26 @@ class ReservoirReader(PrometheusExport):
     metrics_prefix = "headrace_reservoir_reader"
 
     def __init__(self, store: ObjectStore, stream: str, version: int | None,
-                 options: ReservoirOptions, cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY):
+                 options: ReservoirOptions, cache_dir=None, retry: RetryPolicy = DEFAULT_RETRY,
+                 *, _after: ReservoirReader | None = None):
         self.store = store
         self.opts = options
+        self.stream = stream
         self.prefix = stream_prefix(check_stream_name(stream), options.stream_version)
         mode = options.registry
         bundled = store.capabilities.listable if mode == "auto" else mode == "bundled"
         self.loader = CheckpointLoader(store, self.prefix, bundled, options.max_checkpoint_bytes,
                                        retry)
-        loaded = self.loader.load(version)
+        base = _after._state if _after is not None and (
+            version is None or _after.version <= version) else None
+        loaded = self.loader.load(version, base=base)
         self._state: State = loaded.state
-        self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
-        if self.source.cache is not None:
+        if _after is not None:  # same stream, same cache: nothing to admit again
+            self.source = _after.source
+            self.source.admit_recovered(loaded.latest_object, self._state)
+        else:
+            self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
+        if _after is None and self.source.cache is not None:
             self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()},
                                           delete_others=False)
             self.source.admit_recovered(loaded.latest_object, self._state)
@@ -45,6 +53,14 @@ class ReservoirReader(PrometheusExport):
              retry: RetryPolicy = DEFAULT_RETRY) -> ReservoirReader:
         return cls(open_store(store_or_url), stream, version, options or ReservoirOptions(),
                    cache_dir, retry)
+
+    def at(self, version: int | None = None) -> ReservoirReader:
+        """A reader of a later ``version`` (None: the latest) of the same stream that reuses
+        this one's recovered state and local cache: it reads only the checkpoints written since
+        (one object per version), where ``open`` reads the chain back to the last snapshot.
+        This reader stays valid; the two share the cache, so close only the last one."""
+        return ReservoirReader(self.store, self.stream, version, self.opts, retry=self.loader.retry,
+                               _after=self)
 
     @property
     def version(self) -> int:

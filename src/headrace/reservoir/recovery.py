@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from headrace.codec import crc64
 from headrace.errors import ChecksumMismatch, FormatError, NotFound
 from headrace.reservoir.formats import checkpoint as ckfmt
@@ -80,6 +82,25 @@ def decode_object(obj: CheckpointObject, expected_crc: int, max_raw: int) -> ckf
     return ckfmt.decode(raw, obj.key)
 
 
+def _extends(reg: Registry, chain: list[int], base: State | None) -> int | None:
+    """The position in ``chain`` after base's version when ``reg``'s chain passes through the
+    very checkpoints base was built from (the registry base carries is a prefix of ``reg``, no
+    snapshot after it, base's version in the chain); None: read the whole chain."""
+    if base is None or base.registry is None or not len(base.registry) or not chain:
+        return None
+    b = base.registry
+    n = len(b)
+    if n > len(reg) or int(b.versions[-1]) != base.version:
+        return None
+    for mine, theirs in ((b.versions, reg.versions), (b.snapshot, reg.snapshot),
+                         (b.bundle, reg.bundle), (b.crc64s, reg.crc64s)):
+        if not np.array_equal(mine, theirs[:n]):
+            return None
+    if n - 1 not in chain:  # a snapshot came after base: its chain starts there
+        return None
+    return chain.index(n - 1) + 1
+
+
 @dataclass
 class Loaded:
     state: State
@@ -139,8 +160,14 @@ class CheckpointLoader:
             return Registry.empty(), None
         return regfmt.decode(res.data, key), res.etag
 
-    def load(self, version: int | None = None) -> Loaded:
+    def load(self, version: int | None = None, base: State | None = None) -> Loaded:
         """Recover the state as of ``version`` (None = latest).
+
+        ``base``: a state this process already recovered (an older version of the stream). When
+        the chain of ``version`` extends base's chain (the same checkpoints, checked by version,
+        kind and CRC64, and no snapshot since), only the checkpoints after base are read and
+        applied to it — a reader following a stream one version at a time reads one object per
+        version, not the whole chain back to the last snapshot.
 
         Loading the latest state lists (or reads the registry) and then fetches the chain; a
         second writer's snapshot cleanup may delete a listed object in between. That is a stale
@@ -148,7 +175,7 @@ class CheckpointLoader:
         attempts = _STALE_LISTING_RETRIES if version is None else 1
         for attempt in range(1, attempts + 1):
             try:
-                return self._load_once(version)
+                return self._load_once(version, base)
             except NotFound as e:
                 if attempt == attempts:
                     raise
@@ -156,7 +183,7 @@ class CheckpointLoader:
                          "loading again", self.prefix, e.key)
         raise AssertionError("unreachable")
 
-    def _load_once(self, version: int | None) -> Loaded:
+    def _load_once(self, version: int | None, base: State | None = None) -> Loaded:
         etag = None
         head: CheckpointObject | None = None
         listed: dict[int, str] = {}
@@ -189,6 +216,9 @@ class CheckpointLoader:
             raise CheckpointNotFound(registry_key(self.prefix), target) from None
         state = State()
         keys: dict[int, str] = {}
+        start = _extends(reg, chain, base)
+        if start is not None:
+            state, chain = base, chain[start:]
         for i in chain:
             v = int(reg.versions[i])
             if head is not None and v == target:
