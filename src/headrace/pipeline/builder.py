@@ -163,6 +163,12 @@ class PipelineBuilder:
             raise InvalidInput(f"{text}: {str(e).splitlines()[0] if str(e) else e!r}") from e
         if W not in out.columns:
             raise InvalidInput(f"{text}: the step dropped the weight column")
+        if "over" in text.lower():
+            from headrace.pipeline.overspec import has_window
+
+            if has_window(out):  # on a delta it would see only the batch's rows: refuse
+                raise InvalidInput(f"{text}: a window function (OVER) works only as "
+                                   "with_column(name, F.func(...).over(w)), one per step")
         from pyspark.sql.types import StructType
 
         struct = StructType([f for f in out.schema.fields if f.name != W])

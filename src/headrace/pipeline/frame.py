@@ -95,11 +95,39 @@ class Frame:
         return self._map(lambda df: df.selectExpr(*exprs, f"`{W}`"), f"select_expr {exprs}")
 
     def with_column(self, name: str, col) -> Frame:
-        """Add or replace column ``name`` (a Column or a SQL string)."""
+        """Add or replace column ``name`` (a Column or a SQL string). A window function
+        (``F.row_number().over(Window.partitionBy(...).orderBy(...))``, ``F.avg(c).over(
+        w.rowsBetween(-10, 0))``) becomes a stateful ``over`` operator (docs/queries.md)."""
         from pyspark.sql import functions as F
 
+        from headrace.pipeline.overspec import plan_over
+
         expr = F.expr(col) if isinstance(col, str) else col
+        over = plan_over(self, name, expr)
+        if over is not None:
+            return self._over(name, *over)
         return self._map(lambda df: df.withColumn(name, expr), f"with_column {name} {expr}")
+
+    def _over(self, name: str, params: dict, expected: pa.Schema) -> Frame:
+        """The window-function operator; a replaced column is computed beside the old one
+        (the kernel only appends), then takes its place, as Spark's withColumn does."""
+        from headrace.pipeline.aggspec import check_types
+
+        p = self.pipeline
+        out_name = name
+        if name in self.columns:
+            out_name = f"{name}_over"
+            while out_name in self.columns:
+                out_name += "_"
+            params["funcs"][0][0] = out_name
+        out = Frame(p, p._add("over", p._auto_name("over"), [self.node], params))
+        if out_name != name:
+            from pyspark.sql import functions as F
+
+            out = out.select(*[F.col(f"`{out_name}`").alias(name) if c == name else c
+                               for c in self.columns])
+        check_types(out.schema, expected, f"with_column {name!r}")
+        return out
 
     def with_column_renamed(self, old: str, new: str) -> Frame:
         if old not in self.columns:

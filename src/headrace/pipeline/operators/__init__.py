@@ -4,7 +4,11 @@ Params are plain JSON-able values (they are part of the pipeline's fingerprint a
 executors): aggregate ``{"by": [...], "aggs": {out: "count" | "count(col)" | "sum(col)" |
 "avg(col)" | "min(col)" | "max(col)" | "count_distinct(col)"}}``; join ``{"how": ..., "on": [...]}``
 or ``{"how": ..., "left_on": [...], "right_on": [...]}``, plus ``"interval": {"left": lt,
-"right": rt, "lower_us": n, "upper_us": m}`` for an interval join; distinct ``{}``.
+"right": rt, "lower_us": n, "upper_us": m}`` for an interval join; distinct ``{}``; window
+functions (``over``) ``{"partition_by": [...], "order_by": [[col, "asc" | "desc",
+"nulls_first" | "nulls_last" | None]], "funcs": [[out, func, col | None, preceding | None]]}``
+(func: row_number, rank, dense_rank, count, sum, avg, min, max; preceding: the ROWS frame's
+start, n rows before the current one, None = unbounded).
 """
 
 from __future__ import annotations
@@ -57,6 +61,19 @@ def build(kind: str, schemas: list[pa.Schema], params: dict):
         from headrace.pipeline.operators.distinct import DistinctKernel
 
         return DistinctKernel(schemas[0])
+    if kind == "over":
+        from headrace.pipeline.operators.over import OrderKey, OverKernel, WindowFn
+
+        order = []
+        for col, direction, nulls in params["order_by"]:
+            if direction not in ("asc", "desc") or nulls not in ("nulls_first", "nulls_last",
+                                                                 None):
+                raise InvalidInput(f"window order key {col!r}: {direction!r} {nulls!r} is not "
+                                   "asc/desc with nulls_first/nulls_last/None")
+            order.append(OrderKey(col, direction == "desc",
+                                  None if nulls is None else nulls == "nulls_first"))
+        funcs = [WindowFn(f, c, n, p) for n, f, c, p in params["funcs"]]
+        return OverKernel(schemas[0], params["partition_by"], order, funcs)
     if kind == "identity":
         from headrace.pipeline.operators.identity import IdentityKernel
 

@@ -1,0 +1,475 @@
+"""OverKernel (window functions over partitions) against Spark SQL (conformance) and its own
+edge cases."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+
+import pyarrow as pa
+import pytest
+from conformance import (  # noqa: I001  (tests/pipeline is on sys.path)
+    I64_MAX,
+    INF,
+    NAN,
+    DictZSet,
+    ExpectOverflow,
+    KernelConformance,
+    canon,
+    canon_row,
+    fixed_stream,
+    out_counter,
+    table,
+)
+
+from headrace.errors import InvalidInput
+from headrace.pipeline import keys
+from headrace.pipeline.operators import build
+from headrace.pipeline.operators.base import ArithmeticOverflow
+from headrace.pipeline.operators.over import OrderKey, OverKernel, WindowFn
+
+# ---- a pure-Python model of Spark's window functions -----------------------------------
+
+
+def _cmp_values(a, b) -> int:
+    """Spark's order of two non-NULL values: -0.0 = 0.0, NaN = NaN and above every number,
+    strings by code point (= UTF-8 bytes)."""
+    if isinstance(a, float):
+        an, bn = a != a, b != b
+        if an or bn:
+            return int(an) - int(bn)
+    return (a > b) - (a < b)
+
+
+def _cmp_key(a, b, desc: bool, nulls_first: bool) -> int:
+    if a is None or b is None:
+        if a is None and b is None:
+            return 0
+        return (-1 if a is None else 1) * (1 if nulls_first else -1)
+    c = _cmp_values(a, b)
+    return -c if desc else c
+
+
+def _norm(v):
+    if isinstance(v, float):
+        return 0.0 if v == 0 else (NAN if v != v else v)
+    return v
+
+
+class Model:
+    """Spark SQL's result of ``SELECT *, f1 OVER w, ...`` over rows (tuples of ``schema``)."""
+
+    def __init__(self, schema: pa.Schema, partition_by, order_by, funcs):
+        self.schema, self.funcs = schema, funcs
+        self.pidx = [schema.names.index(c) for c in partition_by]
+        self.order = [(schema.names.index(o.column), o.descending, o.nulls_go_first)
+                      for o in order_by]
+        self.codec = keys.RowCodec(schema)
+
+    def _order_cmp(self, a, b) -> int:
+        for i, desc, nf in self.order:
+            c = _cmp_key(a[i], b[i], desc, nf)
+            if c:
+                return c
+        return 0
+
+    def rows(self, net: list[tuple], overflow_steps: bool = False):
+        """Output rows; with ``overflow_steps`` instead True when a long sum's running value
+        (Spark's fold) leaves the long range in some frame."""
+        parts = defaultdict(list)
+        for r in net:
+            parts[canon_row(_norm(r[i]) for i in self.pidx)].append(r)
+        out: Counter = Counter()
+        step_overflow = False
+        for rows in parts.values():
+            # ties on every order key: by the row's encoding (the kernel's documented rule)
+            enc = {r: self.codec.encode(table([r], None, self.schema))[0].as_py()
+                   for r in set(rows)}
+
+            def cmp(a, b, enc=enc):
+                return self._order_cmp(a, b) or (enc[a] > enc[b]) - (enc[a] < enc[b])
+
+            rows = sorted(rows, key=functools.cmp_to_key(cmp))
+            for pos, r in enumerate(rows):
+                vals = []
+                for fn in self.funcs:
+                    if fn.func == "row_number":
+                        vals.append(pos + 1)
+                    elif fn.func == "rank":
+                        vals.append(1 + sum(1 for q in rows[:pos] if self._order_cmp(q, r)))
+                    elif fn.func == "dense_rank":
+                        keys_before = [q for q in rows[:pos] if self._order_cmp(q, r)]
+                        distinct = []
+                        for q in keys_before:
+                            if not distinct or self._order_cmp(distinct[-1], q):
+                                distinct.append(q)
+                        vals.append(1 + len(distinct))
+                    else:
+                        lo = 0 if fn.preceding is None else max(0, pos - fn.preceding)
+                        frame = rows[lo:pos + 1]
+                        v, over = self._agg(fn, frame)
+                        step_overflow |= over
+                        vals.append(v)
+                out[canon_row((*r, *vals))] += 1
+        return step_overflow if overflow_steps else out
+
+    def _agg(self, fn, frame):
+        if fn.column is None:
+            return len(frame), False
+        i = self.schema.names.index(fn.column)
+        xs = [r[i] for r in frame if r[i] is not None]
+        if fn.func == "count":
+            return len(xs), False
+        if not xs:
+            return None, False
+        if fn.func in ("min", "max"):
+            best = xs[0]
+            for x in xs[1:]:  # the first extreme in frame order stays (greatest/least)
+                c = _cmp_values(x, best)
+                if (c > 0 and fn.func == "max") or (c < 0 and fn.func == "min"):
+                    best = x
+            return best, False
+        if fn.func == "sum" and pa.types.is_integer(self.schema.field(fn.column).type):
+            acc, over = 0, False
+            for x in xs:
+                acc += x
+                over |= not (-(2**63) <= acc < 2**63)
+            if not (-(2**63) <= acc < 2**63):
+                raise ExpectOverflow
+            return acc, over
+        acc = 0.0
+        for x in xs:
+            acc = acc + float(x)
+        return (acc / len(xs) if fn.func == "avg" else acc), False
+
+
+# ---- conformance: row_number and rolling aggregates over a total order ------------------
+
+ROLL = pa.schema([("p", pa.int64()), ("o", pa.int64()), ("s", pa.string()),
+                  ("v", pa.float64())])
+ROLL_ORDER = [OrderKey("o"), OrderKey("s", descending=True), OrderKey("v")]
+ROLL_FUNCS = [WindowFn("row_number", None, "rn"), WindowFn("sum", "o", "so", 2),
+              WindowFn("avg", "v", "av", 1), WindowFn("min", "v", "mn", 2),
+              WindowFn("max", "s", "mx"), WindowFn("sum", "v", "sv"),
+              WindowFn("count", "v", "cv", 1), WindowFn("count", None, "n", 3)]
+_W = "PARTITION BY p ORDER BY o, s DESC, v"
+ROLL_SQL = (f"SELECT *, row_number() OVER ({_W}) AS rn, "
+            f"sum(o) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS so, "
+            f"avg(v) OVER ({_W} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS av, "
+            f"min(v) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS mn, "
+            f"max(s) OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS mx, "
+            f"sum(v) OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sv, "
+            f"count(v) OVER ({_W} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS cv, "
+            f"count(*) OVER ({_W} ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS n FROM in0")
+P_VALUES = [1, 2, None]
+O_VALUES = [0, 1, 2, -3, None]
+S_VALUES = ["a", "b", "", None, "\x00"]
+V_MODEL = [1.5, -0.0, 0.0, NAN, INF, -INF, None, 1e308, 0.1, 1e-300]
+# no -0.0 beside 0.0: Spark orders them as peers, so two such rows would tie
+V_SPARK = [1.5, 0.0, NAN, INF, -INF, None, 1e308, 0.1, -2.0]
+
+
+def _roll_kernel():
+    return OverKernel(ROLL, ["p"], ROLL_ORDER, ROLL_FUNCS)
+
+
+class TestOverRolling(KernelConformance):
+    schemas = [ROLL]
+    sql = ROLL_SQL
+    model_ = Model(ROLL, ["p"], ROLL_ORDER, ROLL_FUNCS)
+
+    def make_kernel(self):
+        return _roll_kernel()
+
+    def model(self, net):
+        return self.model_.rows(net[0])
+
+    def spark_may_raise(self, net):
+        return self.model_.rows(net[0], overflow_steps=True)
+
+    def value_lists(self, input_index, spark):
+        return [P_VALUES, O_VALUES, S_VALUES, V_SPARK if spark else V_MODEL]
+
+    def awkward_stream(self):
+        pool = [[(1, 0, "a", 1e308), (1, 1, "a", 1e308), (1, 2, "a", -0.0),
+                 (1, 3, None, NAN), (None, 0, "\x00", INF), (None, 1, "\x00", -INF),
+                 (None, None, None, None), (2, I64_MAX, "z", 0.1),
+                 (2, -5, "é", 0.2), (1, 1, "b", 0.1), (2, 7, "q", 1.0)]]
+        return fixed_stream(pool, [
+            [[(0, 1), (1, 1), (2, 1), (3, 1)]],  # 1e308 + 1e308 = inf in the rolling avg
+            [[(9, 1), (4, 1), (5, 1), (6, 2)]],  # a row in the middle shifts the rest
+            [[]],
+            [[(1, -1), (7, 1), (8, 1)]],  # its retraction shifts them back
+            [[(3, -1), (0, -1), (6, -1)]],
+            [[(10, 1)]],  # -5 + 7 + I64_MAX: the long sum overflows (Spark raises too)
+        ], restarts=[False, True, False, True, False, False])
+
+
+# ---- conformance: rank and dense_rank over ties ----------------------------------------
+
+RANKS = pa.schema([("d", pa.float64()), ("o", pa.int64()), ("s", pa.string())])
+RANK_ORDER = [OrderKey("o", descending=True, nulls_first=True), OrderKey("s", nulls_first=False)]
+RANK_FUNCS = [WindowFn("rank", None, "rk"), WindowFn("dense_rank", None, "dr")]
+_RW = "PARTITION BY d ORDER BY o DESC NULLS FIRST, s ASC NULLS LAST"
+RANK_SQL = f"SELECT *, rank() OVER ({_RW}) AS rk, dense_rank() OVER ({_RW}) AS dr FROM in0"
+
+
+class TestOverRanks(KernelConformance):
+    """Ties are exact for rank/dense_rank; NULL, -0.0/0.0 and NaN partition keys."""
+
+    schemas = [RANKS]
+    sql = RANK_SQL
+    model_ = Model(RANKS, ["d"], RANK_ORDER, RANK_FUNCS)
+
+    def make_kernel(self):
+        return OverKernel(RANKS, ["d"], RANK_ORDER, RANK_FUNCS)
+
+    def model(self, net):
+        return self.model_.rows(net[0])
+
+    def value_lists(self, input_index, spark):
+        return [[0.0, -0.0, NAN, None, 1.5], [1, 2, None, 2], ["a", None, "b"]]
+
+    def awkward_stream(self):
+        pool = [[(0.0, 1, "a"), (-0.0, 1, "a"), (NAN, None, None), (-NAN, 2, "a"),
+                 (None, 2, None), (None, 2, "b"), (None, None, "a")]]
+        return fixed_stream(pool, [
+            [[(0, 1), (1, 1), (2, 1), (3, 1)]],  # 0.0/-0.0 one partition, the NaNs one
+            [[(4, 1), (5, 2), (6, 1)]],  # NULL partition keys form one partition
+            [[(0, -1), (6, -1)]],
+            [[]],
+        ], restarts=[False, True, False, False])
+
+
+# ---- edge cases ------------------------------------------------------------------------
+
+SIMPLE = pa.schema([("k", pa.string()), ("t", pa.int64()), ("x", pa.int64())])
+
+
+def _simple(funcs, order=(OrderKey("t"),)):
+    return OverKernel(SIMPLE, ["k"], list(order), funcs)
+
+
+def _rows(out) -> dict:
+    return dict(out_counter(out))
+
+
+def test_a_retraction_in_the_middle_shifts_the_rows_after_it():
+    k = _simple([WindowFn("row_number", None, "rn"), WindowFn("sum", "x", "s2", 1)])
+    state = DictZSet()
+    rows = [("a", t, 10 * t) for t in (1, 2, 3, 4)]
+    k.apply([table(rows, [1] * 4, SIMPLE)], [state])
+    out = k.apply([table([("a", 2, 20)], [-1], SIMPLE)], [state])
+    assert _rows(out) == {
+        ("a", 2, 20, 2, 30): -1,
+        ("a", 3, 30, 3, 50): -1, ("a", 3, 30, 2, 40): 1,
+        ("a", 4, 40, 4, 70): -1, ("a", 4, 40, 3, 70): 1}
+    assert ("a", 1, 10, 1, 10) not in _rows(out)  # the row before it is untouched
+
+
+def test_only_the_touched_partitions_are_read():
+    k = _simple([WindowFn("row_number", None, "rn")])
+    state = DictZSet()
+    k.apply([table([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)], [1, 1, 1], SIMPLE)], [state])
+    state.looked_up.clear()
+    out = k.apply([table([("b", 0, 0)], [1], SIMPLE)], [state])
+    assert state.looked_up == [keys.RowCodec(SIMPLE, ["k"], normalize=True).encode(
+        table([("b", 0, 0)], None, SIMPLE))[0].as_py()]
+    assert _rows(out) == {("b", 0, 0, 1): 1, ("b", 1, 0, 1): -1, ("b", 1, 0, 2): 1}
+
+
+def test_copies_of_a_row_take_consecutive_positions():
+    k = _simple([WindowFn("row_number", None, "rn"), WindowFn("rank", None, "rk")])
+    state = DictZSet()
+    out = k.apply([table([("a", 1, 5)], [3], SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 5, 1, 1): 1, ("a", 1, 5, 2, 1): 1, ("a", 1, 5, 3, 1): 1}
+    out = k.apply([table([("a", 1, 5)], [-1], SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 5, 3, 1): -1}
+
+
+def test_long_sum_overflow_raises_and_leaves_state_untouched():
+    k = _simple([WindowFn("sum", "x", "s", 1)])
+    state = DictZSet()
+    k.apply([table([("a", 1, I64_MAX), ("a", 3, -3)], [1, 1], SIMPLE)], [state])
+    before = state.snapshot()
+    with pytest.raises(ArithmeticOverflow, match="sum\\(x\\)"):
+        k.apply([table([("a", 2, 1)], [1], SIMPLE)], [state])  # frame {I64_MAX, 1}
+    assert state.snapshot() == before
+    # the same rows in frames that fit: no error (exact sums, no wrapped intermediates)
+    out = k.apply([table([("a", 2, -5)], [1], SIMPLE)], [state])
+    assert _rows(out)[("a", 2, -5, I64_MAX - 5)] == 1
+
+
+def test_a_frame_with_only_nulls_averages_to_null():
+    k = OverKernel(ROLL, ["p"], [OrderKey("o")], [WindowFn("avg", "v", "a", 0),
+                                                  WindowFn("min", "v", "m", 0)])
+    out = k.apply([table([(1, 1, "x", None), (1, 2, "x", 2.0)], [1, 1], ROLL)], [DictZSet()])
+    assert _rows(out) == {(1, 1, "x", None, None, None): 1,
+                          (1, 2, "x", canon(2.0), canon(2.0), canon(2.0)): 1}
+
+
+def test_an_empty_or_weight_zero_delta_emits_nothing_and_reads_nothing():
+    k = _simple([WindowFn("row_number", None, "rn")])
+    state = DictZSet()
+    assert k.apply([table([], [], SIMPLE)], [state]).num_rows == 0
+    assert k.apply([table([("a", 1, 1), ("a", 1, 1)], [1, -1], SIMPLE)], [state]).num_rows == 0
+    assert state.looked_up == [] and state.rows == {}
+
+
+@pytest.mark.parametrize("params, needle", [
+    ({"partition_by": ["k"], "order_by": [], "funcs": [["r", "row_number", None, None]]},
+     "needs an orderBy"),
+    ({"partition_by": ["nope"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "row_number", None, None]]}, "no column 'nope'"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "lag", "x", None]]}, "'lag' is not one of"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "avg", "k", 3]]}, "avg of string"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["x", "count", None, None]]}, "repeats a column"),
+    ({"partition_by": ["k"], "order_by": [["t", "up", None]],
+      "funcs": [["r", "rank", None, None]]}, "asc/desc"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "sum", "x", -2]]}, "int >= 0"),
+])
+def test_bad_definitions_are_refused_naming_what(params, needle):
+    with pytest.raises(InvalidInput, match=needle):
+        build("over", [SIMPLE], params)
+
+
+def test_bulk_unbounded_and_long_frames_match_the_model():
+    """Hundreds of rows in few partitions: the sparse table's higher levels, the length
+    classes of the unbounded double fold, and frames longer than some partitions."""
+    import random
+
+    rnd = random.Random(6)
+    funcs = [WindowFn("max", "v", "mx"), WindowFn("min", "v", "mn", 40),
+             WindowFn("sum", "v", "sv"), WindowFn("avg", "v", "av", 70),
+             WindowFn("dense_rank", None, "dr")]
+    order = [OrderKey("o", descending=True), OrderKey("s"), OrderKey("v")]
+    model = Model(ROLL, ["p"], order, funcs)
+    k = OverKernel(ROLL, ["p"], order, funcs)
+    state = DictZSet()
+    net: list[tuple] = []
+    total: Counter = Counter()
+    for _ in range(3):
+        batch = [(rnd.choice([1, 2, 3, None]), rnd.randrange(50), rnd.choice(["a", "b"]),
+                  rnd.choice([0.1, 0.7, -3.25, 1e16, None, 2.5])) for _ in range(150)]
+        gone = rnd.sample(net, min(len(net), 40))
+        for r in gone:
+            net.remove(r)
+        net += batch
+        ws = [1] * len(batch) + [-1] * len(gone)
+        out = k.apply([table(batch + gone, ws, ROLL)], [state])
+        total += out_counter(out)
+        total = Counter({r: n for r, n in total.items() if n})
+        assert total == model.rows(net)
+
+
+# ---- through the pipeline (the fluent API) ---------------------------------------------
+
+BIDS = {"bid": "auction long, bidder long, price long, dateTime timestamp, channel string"}
+
+
+def _bids(seed: int, n: int) -> list[dict]:
+    import datetime as dt
+    import random
+
+    rnd = random.Random(seed)
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return [{"auction": rnd.choice([1, 2, 3, None]), "bidder": rnd.randint(1, 4),
+             "price": rnd.choice([None, rnd.randint(1, 50)]),
+             "dateTime": base + dt.timedelta(milliseconds=rnd.randint(0, 10**6)),
+             "channel": rnd.choice(["web", "app", None])} for _ in range(n)]
+
+
+def _both(bid):
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    top = Window.partitionBy("auction").orderBy(F.desc("price"), "bidder", "dateTime",
+                                                "channel")
+    last3 = (Window.partitionBy("bidder").orderBy("dateTime", "auction", "price", "channel")
+             .rowsBetween(-2, Window.currentRow))
+    add = bid.with_column if hasattr(bid, "with_column") else bid.withColumn
+    ranked = add("rn", F.row_number().over(top))
+    add = ranked.with_column if hasattr(ranked, "with_column") else ranked.withColumn
+    return add("avg3", F.avg("price").over(last3)).filter(F.col("rn") <= 2)
+
+
+@pytest.mark.spark
+def test_window_functions_through_the_pipeline_equal_spark_batch(spark, tmp_path):
+    """Two chained window operators, two runs (a restart between): inserts, then retractions
+    in the middle of partitions and more inserts."""
+    from headrace.testing.queries import (
+        batch_result,
+        encode_entries,
+        rows_equal,
+        stream_result,
+    )
+
+    first, more = _bids(3, 120), _bids(4, 40)
+    gone = first[10:40]
+    waves = [encode_entries("bid", first),
+             encode_entries("bid", gone, weight=-1) + encode_entries("bid", more)]
+    streamed = stream_result(spark, str(tmp_path / "store"), BIDS, waves,
+                             lambda p, src: _both(src["bid"]), name="over",
+                             checkpoint_dir=str(tmp_path / "ck"))
+    net = first[:10] + first[40:] + more
+    batch = batch_result(spark, BIDS, {"bid": net}, lambda s: _both(s["bid"]))
+    assert batch.num_rows > 0
+    ok, why = rows_equal(streamed, batch)
+    assert ok, why
+
+
+@pytest.mark.spark
+def test_window_definitions_are_checked_when_written(spark, tmp_path):
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.runner import Pipeline
+
+    p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))
+    bid = p.read_queue("bids", BIDS)["bid"]
+    w = Window.partitionBy("auction").orderBy("dateTime")
+    refused = [
+        (F.avg("price").over(w), "RANGE"),  # Spark's default frame with an orderBy
+        (F.sum("price").over(w.rowsBetween(-1, 1)), "ends after the current row"),
+        (F.lag("price").over(w), "lag is not supported"),
+        (F.row_number().over(w) + 1, "whole column"),
+        (F.row_number().over(Window.partitionBy(F.col("auction") % 2).orderBy("price")),
+         "is an expression"),
+        (F.sum("price").over(Window.partitionBy("auction").rowsBetween(-1, 0)),
+         "needs an orderBy"),
+        (F.count_distinct("price").over(w.rowsBetween(-1, 0)), "DISTINCT"),
+    ]
+    for col, needle in refused:
+        with pytest.raises(InvalidInput, match=needle):
+            bid.with_column("x", col)
+    with pytest.raises(InvalidInput, match="OVER"):
+        bid.select("price", F.row_number().over(w).alias("rn"))
+    # a replaced column keeps its place; the types are Spark's
+    out = bid.with_column("price", F.max("price").over(w.rowsBetween(-3, 0)))
+    assert out.columns == ["auction", "bidder", "price", "dateTime", "channel"]
+    out = bid.with_column("rn", "row_number() OVER (PARTITION BY bidder ORDER BY price)")
+    assert out.schema.field("rn").type == pa.int32()
+    with pytest.raises(InvalidInput, match="append"):
+        out.write_shard("ranked", mode="append")
+
+
+def test_rows_tied_on_every_order_key_are_numbered_alike_whatever_their_arrival():
+    """-0.0 and 0.0 are peers in ORDER BY: row_number breaks the tie by the row's encoding,
+    so the numbering does not depend on which row came first or in which batch."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("tag", pa.string())])
+    funcs = [WindowFn("row_number", None, "rn"), WindowFn("rank", None, "rk")]
+    rows = [(1, 0.0, "x"), (1, -0.0, "y"), (1, 0.0, "a")]
+    results = []
+    for batches in ([rows], [rows[::-1]], [[rows[2]], [rows[0]], [rows[1]]]):
+        k = OverKernel(schema, ["k"], [OrderKey("v")], funcs)
+        state, total = DictZSet(), Counter()
+        for b in batches:
+            total += out_counter(k.apply([table(b, [1] * len(b), schema)], [state]))
+        results.append(Counter({r: n for r, n in total.items() if n}))
+    assert results[0] == results[1] == results[2]
+    assert sorted(r[3] for r in results[0]) == [1, 2, 3]
+    assert {r[4] for r in results[0]} == {1}
