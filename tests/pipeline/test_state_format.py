@@ -82,9 +82,27 @@ def test_root_round_trips_and_every_bit_flip_is_refused(tmp_path):
     storage.close()
 
 
+def _as_version(v3: bytes, version: int) -> bytes:
+    """A version-3 root without deleted ranges or run slices as the release before wrote it
+    (40-byte run records, a run's index page right after its pages)."""
+    body = v3[:-4]
+    (n_runs,) = struct.unpack_from("<I", body, 16)
+    assert struct.unpack_from("<I", body, 28) == (0,)
+    recs = []
+    for i in range(n_runs):
+        rec = body[32 + 56 * i: 32 + 56 * (i + 1)]
+        first, pages, _k, inline = struct.unpack_from("<QIBB", rec)
+        index_seq, index_from = struct.unpack_from("<QI", rec, 40)
+        assert (index_seq, index_from) == ((0, 0) if inline else (first + pages, 0))
+        recs.append(rec[:40])
+    head = body[:4] + bytes([version]) + body[5:32]
+    return _with_crc(head + b"".join(recs) + body[32 + 56 * n_runs:])
+
+
 def test_a_version_1_root_reads_its_tombstones_as_before(tmp_path):
-    """Version-1 roots (kind 1 = tombstone runs of markers) read the same under version 2's
-    replacing-run rule: the deleted key stays deleted, the others stay."""
+    """Roots of earlier releases read as written: version 1 (kind 1 = tombstone runs of
+    markers) and version 2 (replacing runs) under version 3's rules: the deleted key stays
+    deleted, the others stay."""
     cfg = LSMConfig(page_bytes=512, fanout=50)
     store, storage, reader = _state(tmp_path, cfg, batches=2)
     lsm = BucketLSM(reader, 5, 1, 77, cfg)
@@ -95,12 +113,12 @@ def test_a_version_1_root_reads_its_tombstones_as_before(tmp_path):
     reader = ReservoirReader.open(store, version=storage.checkpoint())
     probe = pa.array([kb(k) for k in range(1000)], pa.binary())
     want = BucketLSM(reader, 5, 1, 77, cfg).lookup_many(probe)
-    v2 = bytes(reader.read(PID))
-    root = Root.from_bytes(v2, pid=PID)
-    assert root.runs[-1].kind == 1 and v2[4] == 2
-    v1 = _with_crc(v2[:4] + b"\x01" + v2[5:-4])
-    reader = _replace_page(store, storage, PID, v1)
-    assert BucketLSM(reader, 5, 1, 77, cfg).lookup_many(probe).equals(want)
+    v3 = bytes(reader.read(PID))
+    root = Root.from_bytes(v3, pid=PID)
+    assert root.runs[-1].kind == 1 and v3[4] == 3 and not root.runs[0].inline
+    for version in (2, 1):
+        reader = _replace_page(store, storage, PID, _as_version(v3, version))
+        assert BucketLSM(reader, 5, 1, 77, cfg).lookup_many(probe).equals(want)
     assert want.num_rows and all(int.from_bytes(k, "big") % 2 for k in
                                  want.column("key").to_pylist())
     storage.close()
@@ -112,7 +130,7 @@ def _root_fields(good: bytes):
 
 @pytest.mark.parametrize("offset,value,what", [
     (0, b"XXXX", "magic"),
-    (4, b"\x03", "version"),
+    (4, b"\x04", "version"),
     (8, struct.pack("<Q", 0), "next_seq"),
     (16, struct.pack("<I", 10**6), "runs"),
     (20, struct.pack("<I", 0), "inline pages"),
@@ -251,3 +269,83 @@ def test_byte_planes_make_fixed_width_state_pages_much_smaller():
     back = pa.Table.from_batches([decode_page(planes.blob[a:b], pid=PID)
                                   for a, b in zip([0, *ends[:-1]], ends, strict=True)])
     assert back.equals(t)
+
+
+# -- deleted ranges and run slices (root version 3) ---------------------------------------------
+
+def _ranged_state(tmp_path):
+    """Two runs of ~20 pages each, then keys [300, 600) deleted: each run loses the pages
+    inside the range and becomes two slices sharing its index page; the straddling pages
+    keep the range in the root."""
+    cfg = LSMConfig(page_bytes=512, fanout=50, inline_fence_pages=2)
+    store, storage, reader = _state(tmp_path, cfg, batches=2)
+    lsm = BucketLSM(reader, 5, 1, 77, cfg)
+    lsm.delete_range(kb(300), kb(600))
+    w = PageRunWriter(store, run_id="range")
+    stats = lsm.write(w)
+    storage.absorb([w.finish()])
+    reader = ReservoirReader.open(store, version=storage.checkpoint())
+    root = Root.from_bytes(reader.read(PID), pid=PID)
+    assert stats.pages_dropped > 4 and len(root.ranges) == 1 and len(root.runs) == 4
+    assert root.runs[0].index_seq == root.runs[1].index_seq and root.runs[1].index_from > 0
+    return storage, reader, root
+
+
+def test_a_root_with_deleted_ranges_and_run_slices_round_trips(tmp_path):
+    storage, reader, root = _ranged_state(tmp_path)
+    good = bytes(reader.read(PID))
+    assert root.to_bytes() == good
+    for pos in range(0, len(good), max(1, len(good) // 131)):
+        bad = bytearray(good)
+        bad[pos] ^= 0x10
+        with pytest.raises(FormatError, match=f"{PID:#x}"):
+            Root.from_bytes(bytes(bad), pid=PID)
+    storage.close()
+
+
+def _bad(root: Root, **change) -> Root:
+    from dataclasses import replace
+
+    out = Root(root.next_seq, root.runs, list(root.ranges))
+    out.ranges[0] = replace(out.ranges[0], **change)
+    return out
+
+
+def test_a_malformed_range_list_is_refused_naming_the_page(tmp_path):
+    from headrace.pipeline.state.layout import DeletedRange
+
+    storage, reader, root = _ranged_state(tmp_path)
+    d = root.ranges[0]
+    cases = [
+        (_bad(root, hi=d.lo), "not below hi"),
+        (_bad(root, lo=d.hi + b"\x00"), "not below hi"),
+        (_bad(root, seq=0), "seq 0 is not in"),
+        (_bad(root, seq=root.next_seq + 1), "is not in 1 .. next_seq"),
+        (Root(root.next_seq, root.runs, [d, DeletedRange(b"", d.lo, d.seq)]), "order"),
+        (Root(root.next_seq, root.runs, [DeletedRange(b"", d.lo, d.seq), d]), "touches"),
+        (Root(root.next_seq, root.runs, [DeletedRange(b"", d.lo + b"\x00", d.seq), d]),
+         "overlaps"),
+    ]
+    for bad, what in cases:
+        with pytest.raises(FormatError, match=what) as e:
+            Root.from_bytes(bad.to_bytes(), pid=PID)
+        assert e.value.key.startswith(f"state page {PID:#x}") and e.value.offset > 32
+    good = bytes(reader.read(PID))[:-4]
+    for body, what in ((good[:-1], "key bytes"), (good + b"\x00", "key bytes"),
+                       (good[:28] + struct.pack("<I", 5000) + good[32:], "limit"),
+                       (good[:28] + struct.pack("<I", 2) + good[32:], "deleted range")):
+        with pytest.raises(FormatError, match=what):
+            Root.from_bytes(_with_crc(body), pid=PID)
+    storage.close()
+
+
+def test_run_slices_must_share_their_index_page_consistently(tmp_path):
+    storage, _reader, root = _ranged_state(tmp_path)
+    root.runs[1].index_from += 1  # a slice of another run, or a wrong offset
+    with pytest.raises(FormatError, match="shares its index page"):
+        Root.from_bytes(root.to_bytes(), pid=PID)
+    root.runs[1].index_from -= 1
+    root.runs[1].index_seq = root.runs[2].first_seq  # another run's page
+    with pytest.raises(FormatError, match="overlap"):
+        Root.from_bytes(root.to_bytes(), pid=PID)
+    storage.close()

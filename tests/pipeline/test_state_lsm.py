@@ -46,8 +46,15 @@ class Env:
             runs.append(w.finish())
         self.storage.absorb(runs)
         v = self.storage.checkpoint()
-        self.reader = ReservoirReader.open(self.store, version=v, cache_dir=self.path + "/cache")
+        # as the workers do: the next version's reader is built on the last (one cache)
+        self.reader = (self.reader.at(v) if self.reader is not None else
+                       ReservoirReader.open(self.store, version=v, cache_dir=self.path + "/cache"))
         return total
+
+    def close(self) -> None:
+        self.storage.close()
+        if self.reader is not None:
+            self.reader.close()
 
     def reopen_storage(self) -> None:
         self.storage.close()
@@ -58,7 +65,7 @@ class Env:
 def env(tmp_path):
     e = Env(str(tmp_path))
     yield e
-    e.storage.close()
+    e.close()
 
 
 def kb(x: int) -> bytes:
@@ -107,8 +114,9 @@ TINY_RAW = LSMConfig(page_bytes=300, fanout=4, tier_base_bytes=64, inline_fence_
 
 
 class LSMModel(RuleBasedStateMachine):
-    """Random inserts, retractions, deletions, lookups, writes, failed tasks and reopens of a
-    few buckets, against a dict of (key, val) -> weight per bucket."""
+    """Random inserts, retractions, deletions (of keys and of key ranges), lookups, writes,
+    failed tasks and reopens of a few buckets, against a dict of (key, val) -> weight per
+    bucket."""
 
     config = TINY
 
@@ -121,7 +129,7 @@ class LSMModel(RuleBasedStateMachine):
         self.open: dict[int, BucketLSM] = {}
 
     def teardown(self):
-        self.env.storage.close()
+        self.env.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def lsm(self, bucket: int) -> BucketLSM:
@@ -139,6 +147,12 @@ class LSMModel(RuleBasedStateMachine):
     def delete(self, bucket, keys):
         self.lsm(bucket).delete_keys(pa.array(keys, pa.binary()))
         for kv in [kv for kv in self.model[bucket] if kv[0] in set(keys)]:
+            del self.model[bucket][kv]
+
+    @rule(bucket=BUCKETS, lo=KEYS, hi=KEYS)
+    def delete_range(self, bucket, lo, hi):
+        self.lsm(bucket).delete_range(lo, hi)
+        for kv in [kv for kv in self.model[bucket] if lo <= kv[0] < hi]:
             del self.model[bucket][kv]
 
     @rule(bucket=BUCKETS, keys=st.lists(KEYS, max_size=8))
@@ -213,7 +227,7 @@ def _expected_reads(reader, op, side, bucket, keys) -> tuple[int, int]:
     for run in root.runs:
         f = run.fences
         if f is None:
-            pid = page_id(op, side, bucket, run.first_seq + run.pages)
+            pid = page_id(op, side, bucket, run.index_seq)
             f = decode_index(reader.read(pid), pid=pid, pages=run.pages)
             need += 1
             total += 1

@@ -279,28 +279,28 @@ class AggregateKernel:
     def expire(self, states, below: bytes, emit: bool) -> pa.Table:
         """Event time: drop every group whose encoded group key sorts below ``below`` (its
         first group column is a window the watermark has closed) with its min/max multisets
-        and distinct values; with ``emit`` (append mode), return the groups' final rows (+1).
-        Reads only the key ranges of the closed groups (``state.scan(lo, hi)``). ``states``:
-        the operator's spines of the bucket (one, here)."""
+        and distinct values — one deleted key range per state section, read not at all — and
+        with ``emit`` (append mode) return the groups' final rows (+1), read by a scan of only
+        the closed groups' range. ``states``: the operator's spines of the bucket (one)."""
+        from headrace.pipeline.operators.join import _delete_below
+
         state = states[0]
         if not self.by:
             return self._empty()
         # from the first non-NULL key: a NULL event time is never final (never late either)
-        found = [t for t in state.scan(ACC + NOT_NULL, ACC + below)]
-        if not found or not sum(t.num_rows for t in found):
-            return self._empty()
-        t = pa.concat_tables(found).combine_chunks()
-        gkeys = as_array(pc.binary_slice(t["key"], 1, 1 << 30))  # stop: Arrow needs one
-        state.delete_keys(t["key"])
+        t = None
+        if emit:
+            found = list(state.scan(ACC + NOT_NULL, ACC + below))
+            t = pa.concat_tables(found).combine_chunks() if found else None
+        _delete_below(state, ACC + below, ACC + NOT_NULL)
         for j, kind in enumerate(self.kinds):
-            tag = j.to_bytes(2, "big")
-            if kind in ("min", "max"):
-                state.delete_keys(keys.concat_binary(MULTISET + tag, gkeys))
-            elif kind == "count_distinct":
-                for d in state.scan(DISTINCT + tag + NOT_NULL, DISTINCT + tag + below):
-                    state.delete_keys(d["key"])
-        if not emit:
+            section = {"min": MULTISET, "max": MULTISET, "count_distinct": DISTINCT}.get(kind)
+            if section is not None:  # keys: section, tag, group key (multiset value after)
+                tag = section + j.to_bytes(2, "big")
+                _delete_below(state, tag + below, tag + NOT_NULL)
+        if t is None or not t.num_rows:
             return self._empty()
+        gkeys = as_array(pc.binary_slice(t["key"], 1, 1 << 30))  # stop: Arrow needs one
         decoded = self.acc_codec.decode(t["val"])
         acc: dict[str, object] = {}
         for f in self.acc_schema:

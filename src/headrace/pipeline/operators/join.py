@@ -140,9 +140,10 @@ class JoinKernel:
 
     def expire(self, states, below: bytes, emit: bool) -> pa.Table:
         """Event time: delete both sides' rows whose key sorts below ``below`` — the time key
-        leads the key, so these are the keys the watermark closed, a range scan per side. The
-        output they produced stays (update mode), outer padding included: no later row can
-        carry these keys (they are late), so none would retract it."""
+        leads the key, so these are the keys the watermark closed: one deleted key range per
+        side, nothing of it read. The output they produced stays (update mode), outer padding
+        included: no later row can carry these keys (they are late), so none would retract
+        it."""
         if emit:
             raise InvalidInput("a join emits changes, not final rows: write it with "
                                "mode='update'")
@@ -231,9 +232,14 @@ class JoinKernel:
             list(self.output_schema) + [pa.field(W, pa.int64())]))
 
 
-def _delete_below(state, bound: bytes) -> None:
-    """Delete every key of ``state`` that sorts below ``bound`` (one range scan)."""
-    found = [as_array(t["key"]) for t in state.scan(b"", bound)]
+def _delete_below(state, bound: bytes, start: bytes = b"") -> None:
+    """Delete every key of ``state`` in [start, bound): a deleted range, which drops the pages
+    inside it unread (``BucketLSM.delete_range``); a spine without ranges scans the keys and
+    deletes them one by one."""
+    if hasattr(state, "delete_range"):
+        state.delete_range(start, bound)
+        return
+    found = [as_array(t["key"]) for t in state.scan(start, bound)]
     if found:
         state.delete_keys(pa.concat_arrays(found))
 

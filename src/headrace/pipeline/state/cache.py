@@ -6,8 +6,8 @@ reuses Python workers, so a bucket's base run is decoded once per worker, not on
 Entries are keyed by (stream, page id, and the page's place in the reservoir: file id, offset,
 size, CRC32) — known from the page table, so a hit reads no bytes at all — and the caller still
 checks the page's fence keys on every hit. Decoded run index pages (fences) are kept the same
-way. The cache is bounded in bytes (``HEADRACE_PAGE_CACHE_MB``, default 256) and evicts least
-recently used.
+way. The cache is bounded in bytes (``HEADRACE_PAGE_CACHE_MB``, default 256, or an eighth of
+``spark.executor.pyspark.memory`` when that caps the worker) and evicts least recently used.
 """
 
 from __future__ import annotations
@@ -16,7 +16,20 @@ import os
 import threading
 from collections import OrderedDict
 
-DEFAULT_BYTES = int(os.environ.get("HEADRACE_PAGE_CACHE_MB", "256")) << 20
+
+def budget_bytes(env: str, default_mb: int, share: float) -> int:
+    """A cache's size: ``env`` (MiB) when set; else, in a Python worker capped by
+    ``spark.executor.pyspark.memory`` (Spark passes the cap as PYSPARK_EXECUTOR_MEMORY_MB and
+    sets RLIMIT_AS to it, which counts mmapped cache files too), ``share`` of the cap, at most
+    ``default_mb``."""
+    if os.environ.get(env):
+        return int(os.environ[env]) << 20
+    cap = int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "-1") or -1)
+    mb = default_mb if cap <= 0 else min(default_mb, max(16, int(cap * share)))
+    return mb << 20
+
+
+DEFAULT_BYTES = budget_bytes("HEADRACE_PAGE_CACHE_MB", 256, 1 / 8)
 
 
 class PageCache:

@@ -1,9 +1,9 @@
 """One task's changes to a state, for one bucket or all of a task's buckets at once.
 
-Inserts and deletions wait here until ``write``; lookups record what they read (their probe
-keys and the persisted live rows of those keys) so that the write can store a key the task
-knows whole as its complete new rows in a replacing run (state/resolve.py) instead of a
-retraction plus an insertion.
+Inserts and deletions (of keys, and of key ranges: state/ranges.py) wait here until
+``write``; lookups record what they read (their probe keys and the persisted live rows of
+those keys) so that the write can store a key the task knows whole as its complete new rows
+in a replacing run (state/resolve.py) instead of a retraction plus an insertion.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.resolve import concat, split_changes
 from headrace.pipeline.state.zset import (
     binary_keys,
@@ -25,6 +26,7 @@ class Changes:
     def __init__(self):
         self.pending: list[pa.Table] = []  # inserts, minus rows of keys deleted after them
         self.deleted: pa.Array | None = None  # deleted keys (sorted, distinct)
+        self.ranges: list[tuple[bytes, bytes]] = []  # deleted [lo, hi) ranges (union)
         self._probes: list[pa.Array] = []
         self._found: list[pa.Table] = []
 
@@ -47,6 +49,21 @@ class Changes:
             u = distinct_sorted_keys(pa.concat_arrays([self.deleted, u]))
         self.deleted = u
 
+    def delete_range(self, lo: bytes, hi: bytes) -> None:
+        """Keys in [lo, hi): pending rows go now, persisted ones at write (a deleted range);
+        deleted keys in it need no marker of their own."""
+        lo, hi = deleted_ranges.check_range(lo, hi)
+        if not lo < hi:
+            return
+        self.pending = [t for t in (deleted_ranges.mask(t, [(lo, hi)]) for t in self.pending)
+                        if t.num_rows]
+        if self.deleted is not None:
+            hit = deleted_ranges.in_ranges(self.deleted, [(lo, hi)])
+            if hit is not None:
+                left = self.deleted.filter(pa.array(~hit))
+                self.deleted = left if len(left) else None
+        self.ranges = deleted_ranges.union([*self.ranges, (lo, hi)])
+
     def record(self, probe: pa.Array, found: pa.Table) -> None:
         """A lookup of ``probe`` (distinct keys) read ``found``: every persisted live row of
         those keys (deleted keys excluded)."""
@@ -57,6 +74,7 @@ class Changes:
         return [t.filter(pc.is_in(t.column("key"), value_set=probe)) for t in self.pending]
 
     def drop_deleted(self, t: pa.Table) -> pa.Table:
+        t = deleted_ranges.mask(t, self.ranges)
         if self.deleted is None or t.num_rows == 0:
             return t
         return t.filter(pc.invert(pc.is_in(t.column("key"), value_set=self.deleted)))

@@ -7,6 +7,8 @@ pages whose fence range can hold one of its delta's keys, through the reservoir 
 local cache). Its delta becomes a new run; size-tiered merges (``fanout`` runs of a similar
 size become one) keep the number of runs and the rewrites of a key logarithmic in the bucket's
 size. Nothing proportional to the bucket's size is held in memory except the fences.
+``delete_range`` forgets a key range (event-time expiry) through the root's deleted ranges
+(state/ranges.py): the pages inside it are dropped unread at the next write.
 
 A BucketLSM is one task's view as of one state version: build it, look up, insert, write once.
 ``TaskState`` (state/task.py) drives several BucketLSMs of one task as one state, through
@@ -23,11 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.cache import PAGES
 from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.layout import (
     KIND_DATA,
     KIND_REPLACE,
+    DeletedRange,
     Root,
     RunMeta,
     decode_index,
@@ -106,7 +110,8 @@ class WriteStats:
     merges: int = 0
     runs_merged: int = 0  # runs replaced by merges
     merge_pages_read: int = 0
-    pages_deleted: int = 0
+    pages_deleted: int = 0  # pages of merged runs and dropped pages
+    pages_dropped: int = 0  # pages inside a deleted range, deleted without being read
     runs: int = 0  # runs of the bucket after the write
 
     def add(self, other: WriteStats) -> None:
@@ -142,6 +147,7 @@ class BucketLSM:
         self._locate = state().lookup if callable(state) else None
         self._decoded: dict[int, pa.RecordBatch] = {}  # pages this task decoded (∝ its delta)
         self._changes = Changes()
+        self._deleted: list[DeletedRange] = []  # the ranges a write's merges apply
         self._written = False
         root = None
         if reader is not None and reader.contains(self.root_id):
@@ -164,15 +170,23 @@ class BucketLSM:
     def _fences(self, run: RunMeta):
         if run.fences is None:
             pid = page_id(self.op, self.side, self.bucket, run.index_seq)
+            need = run.index_from + run.pages  # the index may hold more: the run is a slice
             key = self._cache_key(pid)
             hit = PAGES.get(key) if key is not None else None
-            if hit is not None and len(hit) == run.pages:
-                run.fences = hit
-            else:
-                run.fences = decode_index(self._read(pid), pid=pid, pages=run.pages)
+            if hit is None or len(hit) < need:
+                hit = decode_index(self._read(pid), pid=pid, pages=need)
                 if key is not None:
-                    PAGES.put(key, run.fences, run.fences.nbytes)
+                    PAGES.put(key, hit, hit.nbytes)
+            run.fences = hit if len(hit) == run.pages else hit.slice(run.index_from, need)
         return run.fences
+
+    @staticmethod
+    def _masked(ranges: list, f, i: int, t):
+        """Page ``i``'s rows without those in ``ranges`` (the deleted ranges younger than its
+        run); only a page whose fences meet one is filtered."""
+        if ranges:
+            ranges = [(lo, hi) for lo, hi in ranges if f.lasts[i] >= lo and f.firsts[i] < hi]
+        return deleted_ranges.mask(t, ranges)
 
     def _page(self, run: RunMeta, i: int, keep: bool = True,
               cache: bool = True) -> pa.RecordBatch:
@@ -212,10 +226,13 @@ class BucketLSM:
                 idx = f.pages_holding(obj)
             if len(idx) == 0:
                 continue
+            ranges = deleted_ranges.applying(run, self.root.ranges)
             if self._locate is not None and 4 * len(idx) >= run.pages:
-                pieces.append((self._view(run).match(probe, width, fixed), p, True))
+                rows = deleted_ranges.mask(self._view(run).match(probe, width, fixed), ranges)
+                pieces.append((rows, p, True))
                 continue
-            pieces += [(self._page(run, i), p, False) for i in idx.tolist()]
+            pieces += [(self._masked(ranges, f, i, self._page(run, i)), p, False)
+                       for i in idx.tolist()]
         return pieces
 
     def _view(self, run: RunMeta) -> RunView:
@@ -272,6 +289,7 @@ class BucketLSM:
             tables, pos = [], []
             for p, run in enumerate(runs):
                 f = self._fences(run)
+                ranges = deleted_ranges.applying(run, self.root.ranges)
                 a = 0 if lo is None else int(np.searchsorted(f.lasts, lo, side="left"))
                 b = len(f) if hi is None else int(np.searchsorted(f.firsts, hi, side="left"))
                 win = windows[p]
@@ -279,7 +297,7 @@ class BucketLSM:
                     del win[i]
                 for i in range(a, b):
                     if i not in win:
-                        win[i] = self._page(run, i, keep=False)
+                        win[i] = self._masked(ranges, f, i, self._page(run, i, keep=False))
                     tables.append(_in_range(win[i], lo, hi))
                     pos.append(p)
             pieces = [(t, p, False) for t, p in zip(tables, pos, strict=True)]
@@ -300,10 +318,18 @@ class BucketLSM:
         self._check_open()
         self._changes.delete(keys)
 
+    def delete_range(self, lo: bytes, hi: bytes) -> None:
+        """Drop every row whose key lies in [lo, hi): rows inserted before this call and all
+        persisted rows (rows inserted after it stay). Recorded in the root as a deleted range;
+        the write drops the pages inside it without reading them (state/ranges.py)."""
+        self._check_open()
+        self._changes.delete_range(lo, hi)
+
     @property
     def changed(self) -> bool:
         c = self._changes
-        return bool(c.pending) or (c.deleted is not None and bool(self.root.runs))
+        return bool(c.pending) or (
+            (c.deleted is not None or bool(c.ranges)) and bool(self.root.runs))
 
     # -- write -----------------------------------------------------------------------------------
     def write(self, writer) -> WriteStats:
@@ -316,16 +342,31 @@ class BucketLSM:
             self._release()
             return WriteStats(runs=len(self.root.runs))
         rep, data = self._changes.split(replacing=bool(self.root.runs))
-        return self.write_delta(writer, rep, data)
+        return self.write_delta(writer, rep, data, self._changes.ranges)
 
-    def write_delta(self, writer, rep: pa.Table, data: pa.Table) -> WriteStats:
+    def write_delta(self, writer, rep: pa.Table, data: pa.Table,
+                    ranges: list[tuple[bytes, bytes]] = ()) -> WriteStats:
         """Write consolidated changes: ``rep`` as a replacing run, ``data`` as a data run (keys
-        disjoint, each sorted), then the merges tiering asks for, deletions of replaced pages
-        and the new root. Ends this view, like ``write``."""
+        disjoint, each sorted), ``ranges`` ([lo, hi) key ranges deleted from every older row)
+        as deleted ranges, then the pages inside deleted ranges dropped, the merges tiering
+        asks for, deletions of replaced pages and the new root. Ends this view, like
+        ``write``."""
         self._check_open()
         self._written = True
         stats = WriteStats()
-        runs = [_Run(r.kind, r.raw_bytes, meta=r) for r in self.root.runs]
+        old = self.root
+        deleted = old.ranges
+        kept_runs = old.runs
+        if old.runs and (ranges or old.ranges):
+            deleted = deleted_ranges.normalise(old.ranges, list(ranges), old.next_seq,
+                                               old.runs, self._fences)
+            kept_runs, dropped = deleted_ranges.trim_runs(
+                old.runs, deleted, self._fences, self.config.inline_fence_pages)
+            for seq in dropped:
+                writer.delete(page_id(self.op, self.side, self.bucket, seq))
+            stats.pages_dropped = stats.pages_deleted = len(dropped)
+        self._deleted = deleted
+        runs = [_Run(r.kind, r.raw_bytes, meta=r) for r in kept_runs]
         if not runs and rep.num_rows:  # nothing older to replace: all rows are data
             live_rows = rep.filter(pc.not_equal(rep.column("w"), 0))
             data = sort_rows(_concat([data, live_rows])) if data.num_rows else live_rows
@@ -335,25 +376,35 @@ class BucketLSM:
                 size = raw_bytes(t)
                 stats.delta_raw_bytes += size
                 runs.append(_Run(kind, size, table=t))
+        if len(deleted) > deleted_ranges.MAX_RANGES and len(runs) > 1:
+            runs = self._merge_group(runs, oldest=True, stats=stats)  # applies them all
         runs = self._merge(runs, stats)
-        if len(runs) == len(self.root.runs) and all(r.meta is not None for r in runs):
+        persisted = [r.meta for r in runs if r.meta is not None]
+        if deleted:
+            deleted = deleted_ranges.forget(deleted, persisted, self._fences)
+        if (len(persisted) == len(runs) and _same(persisted, kept_runs)
+                and _same(kept_runs, old.runs) and deleted == old.ranges):
             stats.runs = len(runs)  # the task's changes cancelled out: nothing to write
             self._release()
             return stats
-        kept = {id(r.meta) for r in runs if r.meta is not None}
-        for old in self.root.runs:
-            if id(old) not in kept:
-                for seq in range(old.first_seq, old.end_seq):
+        kept = {id(m) for m in persisted}
+        for run in kept_runs:
+            if id(run) not in kept:
+                for seq in run.page_seqs:
                     writer.delete(page_id(self.op, self.side, self.bucket, seq))
                     stats.pages_deleted += 1
-        seq = self.root.next_seq
+        indexes = {m.index_seq for m in persisted if not m.inline}
+        for seq in sorted({m.index_seq for m in old.runs if not m.inline} - indexes):
+            writer.delete(page_id(self.op, self.side, self.bucket, seq))
+            stats.pages_deleted += 1
+        seq = old.next_seq
         metas = []
         for r in runs:
             if r.meta is None:
                 r.meta = self._write_run(writer, r, seq, stats)
-                seq = r.meta.end_seq
+                seq = r.meta.first_seq + r.meta.pages + (0 if r.meta.inline else 1)
             metas.append(r.meta)
-        self.root = Root(seq, metas)
+        self.root = Root(seq, metas, deleted)
         root = self.root.to_bytes()
         writer.write(self.root_id, root)
         stats.pages_written += 1
@@ -411,8 +462,9 @@ class BucketLSM:
                 pos.append(p)
                 continue
             before = self.pages_read
+            ranges = deleted_ranges.applying(r.meta, self._deleted)
             for i in range(r.meta.pages):
-                tables.append(self._page(r.meta, i, keep=False))
+                tables.append(deleted_ranges.mask(self._page(r.meta, i, keep=False), ranges))
                 pos.append(p)
             stats.merge_pages_read += self.pages_read - before
         rpos = np.repeat(np.array(pos, np.int64), [t.num_rows for t in tables])
@@ -423,6 +475,10 @@ class BucketLSM:
         stats.merges += 1
         stats.runs_merged += len(group)
         return out
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _in_range(t: pa.Table, lo, hi) -> pa.Table:

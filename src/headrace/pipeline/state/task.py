@@ -112,6 +112,10 @@ class TaskState:
     def delete_keys(self, keys) -> None:
         self._changes.delete(keys)
 
+    def delete_range(self, lo: bytes, hi: bytes) -> None:
+        """[lo, hi) deleted in every bucket of the task (BucketLSM.delete_range)."""
+        self._changes.delete_range(lo, hi)
+
     def write(self, writer) -> WriteStats:
         """Each changed bucket's runs and root through ``writer``; one split and one
         consolidation of the task's changes for all of them."""
@@ -120,12 +124,13 @@ class TaskState:
         rep, data = self._changes.split(replacing=older)
         parts = [_by_bucket(t, self._buckets(t.column("key").combine_chunks()))
                  for t in (rep, data)]
+        ranges = self._changes.ranges
         for b, lsm in self.lsms.items():
             r, d = parts[0].get(b), parts[1].get(b)
-            if r is None and d is None:
+            if r is None and d is None and not (ranges and lsm.root.runs):
                 continue
             total.add(lsm.write_delta(writer, r if r is not None else empty_zset(),
-                                      d if d is not None else empty_zset()))
+                                      d if d is not None else empty_zset(), ranges))
         self._changes.clear()
         return total
 
