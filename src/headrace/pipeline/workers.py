@@ -58,9 +58,23 @@ def open_reader(url: str, stream: str, version: int | None, cache_dir: str | Non
                 folder = Path(cache_dir or Path(tempfile.gettempdir()) / "headrace-cache")
                 _sweep_exited_workers(folder)
                 reader = ReservoirReader.open(store, stream=stream, version=version,
-                                              cache_dir=folder / f"{os.getpid()}" / stream)
+                                              cache_dir=folder / f"{os.getpid()}" / stream,
+                                              options=reader_options())
             _readers[key] = reader
     return reader
+
+
+def reader_options():
+    """The workers' reader options: the local file cache (mmapped, so it counts against an
+    address-space cap) holds ``HEADRACE_STATE_CACHE_MB`` (default 10 GiB, or a quarter of
+    ``spark.executor.pyspark.memory`` when that caps the worker); files larger than the cache
+    are read page by page with ranged GETs."""
+    from headrace.pipeline.state.cache import budget_bytes
+    from headrace.reservoir import ReservoirOptions
+
+    cache = budget_bytes("HEADRACE_STATE_CACHE_MB", 10 << 10, 1 / 4)
+    return ReservoirOptions(max_cache_size_bytes=cache,
+                            max_file_size=min(ReservoirOptions().max_file_size, cache))
 
 
 _swept: set[Path] = set()

@@ -1,0 +1,47 @@
+"""The Python workers' caches: sized to the worker's memory cap, and no folders left behind by
+workers that exited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from headrace.pipeline import workers
+from headrace.pipeline.state.cache import budget_bytes
+
+
+def test_cache_budgets_follow_the_workers_memory_cap(monkeypatch):
+    monkeypatch.delenv("HEADRACE_STATE_CACHE_MB", raising=False)
+    monkeypatch.delenv("PYSPARK_EXECUTOR_MEMORY_MB", raising=False)
+    assert budget_bytes("HEADRACE_STATE_CACHE_MB", 10 << 10, 1 / 4) == 10 << 30  # no cap
+    # spark.executor.pyspark.memory=1g: Spark caps the worker's address space, mmapped cache
+    # files included, so the file cache takes a quarter and the decoded pages an eighth
+    monkeypatch.setenv("PYSPARK_EXECUTOR_MEMORY_MB", "1024")
+    opts = workers.reader_options()
+    assert opts.max_cache_size_bytes == 256 << 20
+    assert opts.max_file_size <= opts.max_cache_size_bytes
+    assert budget_bytes("HEADRACE_PAGE_CACHE_MB", 256, 1 / 8) == 128 << 20
+    monkeypatch.setenv("HEADRACE_STATE_CACHE_MB", "64")  # the user's word wins
+    assert workers.reader_options().max_cache_size_bytes == 64 << 20
+
+
+def test_cache_folders_of_exited_workers_are_removed(tmp_path, monkeypatch):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / gone.stdout.strip()
+    alive = tmp_path / str(os.getpid())
+    other = tmp_path / "not-a-pid"
+    target = tmp_path.parent / f"{tmp_path.name}-outside"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = tmp_path / "999999999"  # a pid-like symlink: never followed or removed
+    for d in (dead, alive, other):
+        (d / "stream").mkdir(parents=True)
+        (d / "stream" / "f.dat").write_bytes(b"x")
+    link.symlink_to(target, target_is_directory=True)
+    monkeypatch.setattr(workers, "_swept", set())
+    workers._sweep_exited_workers(tmp_path)
+    assert not dead.exists()
+    assert (alive / "stream" / "f.dat").exists() and (other / "stream" / "f.dat").exists()
+    assert link.is_symlink() and (target / "keep").exists()
