@@ -16,13 +16,24 @@ ratio is reported as ``..._steady_window``) by Spark's changelog bytes per batch
 
 Also measured, each in fresh processes:
 - driver peak RSS of a join that emits 2M rows per batch vs one that emits 20k (quick: 400k
-  vs 20k): the Python driver's ru_maxrss in a child that runs only the pipeline;
+  vs 20k): the Python driver's peak RSS (VmHWM) in a child that runs only the pipeline (not
+  ru_maxrss: Linux carries it over execve, so a child's ru_maxrss starts at its parent's RSS —
+  the benchmark's own, which holds the input it just produced; figures before session 6 were
+  that artefact: 671.8 vs 818.4 MiB);
 - recovery: a child driver is SIGKILLed at the state checkpoint of a batch; a fresh child
   restarts -> first batch committed (SparkSession start excluded), vs Spark's baseline measured
   the same way (spark_baseline._measure_recovery).
 
 Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
 about an hour on 2 cores); quick: ``--quick`` (250k and 1M keys, < 6 minutes).
+
+Capacity: ``python benchmarks/pipeline_scaling.py --capacity N`` (e.g. 50000000) loads N keys
+(1M-row micro-batches), then runs 100k-row deltas, in a fresh driver whose Python workers are
+capped at 1 GiB of address space (``spark.executor.pyspark.memory=1g``: Spark sets RLIMIT_AS in
+each worker, so a worker that needs more fails the batch). Per steady delta it reports seconds,
+state GETs and bytes read by the tasks (O(delta): compare with the state's size), and the peak
+RSS of the Python workers. ``max_keys_with_1gib_workers`` = N when every batch ran; the figures
+are merged into benchmarks/results/pipeline_scaling.json.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +57,7 @@ from pipeline_vs_spark import build, json_entries  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb  # noqa: E402
 
 HERE = Path(__file__).resolve()
+WORKER_MEMORY = os.environ.get("HEADRACE_BENCH_WORKER_MEMORY", "1g")  # --capacity's cap
 STEADY = 5  # steady micro-batches measured per size (after two warm-up deltas)
 
 
@@ -215,6 +229,9 @@ def _child(argv: list[str]) -> None:
     SIGKILLed at a state checkpoint), ``recover ROOT`` (time to the first committed batch)."""
     mode, root, ckpt, partitions = argv[0], argv[1], argv[2], int(argv[3])
     t_spawn = float(argv[4])
+    if mode == "capacity":
+        print("RESULT " + json.dumps(_capacity_child(root, ckpt, partitions)), flush=True)
+        return
     spark = _spark(partitions)
     t_session = time.time()
     if mode == "rss":
@@ -227,7 +244,7 @@ def _child(argv: list[str]) -> None:
         j = p.join(src["orders"], src["customers"], on=["cid"], name="enriched")
         p.write_shard(j, "enriched")
         p.run(until_idle=True)
-        out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        out = {"peak_rss_mib": _vm_hwm_mib(),
                "batches": p.metrics["batches"],
                "inline_bytes_max": p.metrics["driver_inline_output_bytes_max"]}
     elif mode == "crash":
@@ -255,14 +272,152 @@ def _child(argv: list[str]) -> None:
     spark.stop()
 
 
-def _spawn(args: list[str], timeout_s: float = 900) -> dict:
-    proc = subprocess.run([sys.executable, str(HERE), "--child", *args, str(time.time())],
-                          capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"returncode": proc.returncode, "stderr": proc.stderr[-2000:]}
+def _capacity_child(root: str, ckpt: str, partitions: int) -> dict:
+    """Run the group-by to idle with workers capped at 1 GiB; per batch: seconds, task GETs
+    and bytes read, and the peak RSS of this session's Python workers (sampled)."""
+    spark = _spark_capped(partitions)
+    p = _build(spark, root, ckpt, partitions)
+    per_batch, seen = [], {"gets": 0, "bytes": 0}
+    peak = {"VmHWM": 0}
+    stop = threading.Event()
+
+    def sample() -> None:  # the workers are children of the JVM, which is our child
+        while not stop.wait(0.2):
+            for k, v in _python_workers_peak().items():
+                peak[k] = max(peak[k], v)
+
+    threading.Thread(target=sample, daemon=True).start()
+
+    def on_batch(info):
+        gets, got = p.metrics["task_gets"], p.metrics["task_bytes_read"]
+        per_batch.append({"seconds": round(info["seconds"], 3), "rows": info["input_rows"],
+                          "task_gets": int(gets - seen["gets"]),
+                          "task_bytes_read": int(got - seen["bytes"])})
+        seen.update(gets=gets, bytes=got)
+        print("batch " + json.dumps(per_batch[-1]), flush=True)
+
+    p.on_batch = on_batch
+    p.run(until_idle=True)
+    stop.set()
+    state = _state_objects(root)
+    spark.stop()
+    return {"batches": per_batch, "worker_peak_rss_mib": peak["VmHWM"] / 2**20,
+            "state_bytes": sum(state.values()), "state_objects": len(state)}
+
+
+def _spark_capped(partitions: int):
+    """A session whose Python workers are capped (RLIMIT_AS). Under an address-space cap the
+    allocators' reservations count, not only what is used: the workers inherit this process's
+    environment, so Arrow allocates with the system allocator (jemalloc retains address space
+    it has used) and glibc keeps 2 arenas (each thread's arena reserves 64 MiB)."""
+    from headrace.testing.spark import local_spark
+
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+    return local_spark("headrace-capacity", master="local[2]", shuffle_partitions=partitions,
+                       extra={"spark.sql.adaptive.enabled": "false",
+                              "spark.driver.memory": "2g",
+                              "spark.executor.pyspark.memory": WORKER_MEMORY})
+
+
+def _python_workers_peak() -> dict[str, int]:
+    """Largest VmHWM (peak RSS) of the pyspark worker processes on this machine, in bytes."""
+    best = {"VmHWM": 0}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if b"pyspark.daemon" not in (d / "cmdline").read_bytes() and \
+                    b"pyspark.worker" not in (d / "cmdline").read_bytes():
+                continue
+            for line in (d / "status").read_text().splitlines():
+                k = line.split(":")[0]
+                if k in best:
+                    best[k] = max(best[k], int(line.split()[1]) * 1024)
+        except OSError:
+            continue
+    return best
+
+
+def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
+             delta: int = 100_000, steady: int = 5) -> None:
+    with scratch_dir("pipeline_capacity") as work:
+        inp = work / "input"
+        t0 = time.perf_counter()
+        _write_loads(inp, n_keys, load, delta)
+        files = input_files(inp)
+        root = str(work / "store")
+        for f in files[:(n_keys + load - 1) // load + 2 + steady]:
+            _produce_files(root, [f])
+        print(f"input produced in {time.perf_counter() - t0:.0f} s", flush=True)
+        t0 = time.perf_counter()
+        r = _spawn(["capacity", root, str(work / "ckpt"), str(partitions)], timeout_s=6 * 3600,
+                   echo=True)
+        wall = time.perf_counter() - t0
+    batches = r.get("batches", [])
+    loads = (n_keys + load - 1) // load
+    ran = len(batches) == loads + 2 + steady and "returncode" not in r
+    deltas = batches[loads + 2:]
+    figures = {
+        f"capacity_n{n_keys}_ran": int(ran),
+        f"capacity_n{n_keys}_wall_s": wall,
+        f"capacity_n{n_keys}_worker_peak_rss_mib": r.get("worker_peak_rss_mib", -1),
+        f"capacity_n{n_keys}_worker_memory_cap": WORKER_MEMORY,
+        f"capacity_n{n_keys}_state_bytes": r.get("state_bytes", -1),
+    }
+    if deltas:
+        figures.update({
+            f"capacity_n{n_keys}_delta_batch_s_p50": statistics.median(
+                b["seconds"] for b in deltas),
+            f"capacity_n{n_keys}_delta_task_gets_p50": statistics.median(
+                b["task_gets"] for b in deltas),
+            f"capacity_n{n_keys}_delta_task_bytes_read_p50": statistics.median(
+                b["task_bytes_read"] for b in deltas),
+            f"capacity_n{n_keys}_load_batch_s_p50": statistics.median(
+                b["seconds"] for b in batches[:loads]),
+        })
+    if ran and WORKER_MEMORY == "1g":
+        figures["max_keys_with_1gib_workers"] = n_keys
+    if not ran:
+        print("capacity run failed: " + json.dumps(r)[-3000:], flush=True)
+    path = Path(__file__).resolve().parent / "results" / "pipeline_scaling.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()})
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    for k, v in figures.items():
+        print(f"  {k}  {v}")
+
+
+def _vm_hwm_mib() -> float:
+    """This process's peak RSS since its execve (ru_maxrss would include the parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _spawn(args: list[str], timeout_s: float = 900, echo: bool = False) -> dict:
+    """Run a child mode; its RESULT line is the answer (``echo``: print its lines as they come)."""
+    err_file = tempfile.TemporaryFile("w+")  # a pipe would fill with Spark's log and block it
+    proc = subprocess.Popen([sys.executable, str(HERE), "--child", *args, str(time.time())],
+                            stdout=subprocess.PIPE, stderr=err_file, text=True,
+                            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    result = None
+    try:
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                result = json.loads(line[7:])
+            elif echo:
+                print("   " + line.rstrip(), flush=True)
+        proc.wait()
+        err_file.seek(0)
+        err = err_file.read()
+    finally:
+        timer.cancel()
+        err_file.close()
+    return result or {"returncode": proc.returncode, "stderr": err[-2000:]}
 
 
 def driver_rss(work: Path, rows: int, partitions: int) -> dict:
@@ -295,6 +450,9 @@ def headrace_recovery(files: list[Path], work: Path, partitions: int) -> dict:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2:])
+        return
+    if len(sys.argv) > 2 and sys.argv[1] == "--capacity":
+        capacity(int(sys.argv[2]))
         return
     args = parse_args(__doc__.splitlines()[0])
     sizes = [250_000, 1_000_000] if args.quick else [1_000_000, 4_000_000, 16_000_000]
