@@ -33,7 +33,8 @@ capped at 1 GiB of address space (``spark.executor.pyspark.memory=1g``: Spark se
 each worker, so a worker that needs more fails the batch). Per steady delta it reports seconds,
 state GETs and bytes read by the tasks (O(delta): compare with the state's size), and the peak
 RSS of the Python workers. ``max_keys_with_1gib_workers`` = N when every batch ran; the figures
-are merged into benchmarks/results/pipeline_scaling.json.
+are merged into benchmarks/results/pipeline_scaling.json. ``HEADRACE_BENCH_BUCKETS`` sets the
+pipeline's state buckets (default 32): a merge of a bucket's top tier must fit the cap.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def _spark(partitions: int = 8):
                               "spark.driver.memory": "4g"})
 
 
-def _build(spark, root: str, ckpt: str, partitions: int, store=None):
-    return build(spark, root, partitions, ckpt, store=store)  # the same job as pipeline_vs_spark
+def _build(spark, root: str, ckpt: str, partitions: int, store=None, buckets=None):
+    # the same job as pipeline_vs_spark
+    return build(spark, root, partitions, ckpt, store=store, buckets=buckets)
 
 
 def _state_objects(root: str) -> dict[str, int]:
@@ -230,7 +232,9 @@ def _child(argv: list[str]) -> None:
     mode, root, ckpt, partitions = argv[0], argv[1], argv[2], int(argv[3])
     t_spawn = float(argv[4])
     if mode == "capacity":
-        print("RESULT " + json.dumps(_capacity_child(root, ckpt, partitions)), flush=True)
+        buckets = int(os.environ.get("HEADRACE_BENCH_BUCKETS", "32"))
+        print("RESULT " + json.dumps(_capacity_child(root, ckpt, partitions, buckets)),
+              flush=True)
         return
     spark = _spark(partitions)
     t_session = time.time()
@@ -272,11 +276,11 @@ def _child(argv: list[str]) -> None:
     spark.stop()
 
 
-def _capacity_child(root: str, ckpt: str, partitions: int) -> dict:
+def _capacity_child(root: str, ckpt: str, partitions: int, buckets: int) -> dict:
     """Run the group-by to idle with workers capped at 1 GiB; per batch: seconds, task GETs
     and bytes read, and the peak RSS of this session's Python workers (sampled)."""
     spark = _spark_capped(partitions)
-    p = _build(spark, root, ckpt, partitions)
+    p = _build(spark, root, ckpt, partitions, buckets=buckets)
     per_batch, seen = [], {"gets": 0, "bytes": 0}
     peak = {"VmHWM": 0}
     stop = threading.Event()
@@ -363,6 +367,7 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
         f"capacity_n{n_keys}_wall_s": wall,
         f"capacity_n{n_keys}_worker_peak_rss_mib": r.get("worker_peak_rss_mib", -1),
         f"capacity_n{n_keys}_worker_memory_cap": WORKER_MEMORY,
+        f"capacity_n{n_keys}_buckets": int(os.environ.get("HEADRACE_BENCH_BUCKETS", "32")),
         f"capacity_n{n_keys}_state_bytes": r.get("state_bytes", -1),
     }
     if deltas:

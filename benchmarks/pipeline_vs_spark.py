@@ -53,9 +53,11 @@ def json_entries(path: Path) -> list[bytes]:
     return [s.encode() for s in pc.binary_join_element_wise(*parts, "").to_pylist()]
 
 
-def build(spark, root: str, partitions: int, ckpt: str, store=None) -> Pipeline:
+def build(spark, root: str, partitions: int, ckpt: str, store=None,
+          buckets: int | None = None) -> Pipeline:
+    extra = {} if buckets is None else {"buckets": buckets}
     p = Pipeline(spark, root, name="bench", partitions=partitions, checkpoint_dir=ckpt,
-                 batches_per_trigger=1, store=store)
+                 batches_per_trigger=1, store=store, **extra)
     src = p.read_queue("ingest", {"events": "key long, amount long"})
     agg = p.aggregate(src["events"], by=["key"], aggs={"n": "count", "total": "sum(amount)"},
                       name="agg")
