@@ -34,15 +34,14 @@ class ReservoirReader(PrometheusExport):
             version is None or _after.version <= version) else None
         loaded = self.loader.load(version, base=base)
         self._state: State = loaded.state
-        if _after is not None:  # same stream, same cache: nothing to admit again
+        if _after is not None:  # same stream: the same cache, its files already admitted
             self.source = _after.source
-            self.source.admit_recovered(loaded.latest_object, self._state)
         else:
             self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
-        if _after is None and self.source.cache is not None:
-            self.source.cache.retain_only({f: r.crc64 for f, r in self._state.files.items()},
-                                          delete_others=False)
-            self.source.admit_recovered(loaded.latest_object, self._state)
+            if self.source.cache is not None:
+                self.source.cache.retain_only(
+                    {f: r.crc64 for f, r in self._state.files.items()}, delete_others=False)
+        self.source.admit_recovered(loaded.latest_object, self._state)
         self.reads = 0
         self._read = self.source.read
         self._hot: dict[int, tuple] = {}
