@@ -139,3 +139,56 @@ def test_compaction_reads_do_not_fill_the_cache(tmp_path):
         m = st.metrics()
         assert m["cache_downloads"] == 0 and m["cache_misses"] == 0
         assert [st.read(i) for i in range(3)] == [bytes([i]) * 1000 for i in range(3)]
+
+
+@pytest.mark.parametrize("evict_from", [1.0, 0.8])
+def test_a_scan_repeated_every_epoch_misses_only_what_does_not_fit(tmp_path, evict_from):
+    """A streaming job reads the same files in the same order every micro-batch. With 10 files
+    and room for 6, LRU evicts exactly the file the scan needs next: all 10 miss every pass.
+    With epochs (one per pass) the cache keeps most of them: at most N - C + 1 = 5 misses."""
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
+    files = _files(store, 10)
+    one = files[1][0]
+    cache = _cache(tmp_path, store, 6 * one + 10, cache_evict_from=evict_from)
+    misses = []
+    for _ in range(5):
+        cache.new_epoch()
+        before = cache.metrics()["misses"]
+        for fid in range(1, 11):
+            assert _read(cache, files, fid) == bytes([fid]) * 4000
+        misses.append(cache.metrics()["misses"] - before)
+    cache.close()
+    assert misses[0] == 10
+    # at an 80% mark the evictor keeps 4 to 6 of the files: 5 to 7 misses (LRU: 10)
+    assert max(misses[1:]) <= (5 if evict_from == 1.0 else 7), misses
+
+
+def test_without_epochs_the_same_scan_thrashes(tmp_path):
+    """The baseline the epoch policy fixes (and the LRU order every other user keeps)."""
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
+    files = _files(store, 10)
+    cache = _cache(tmp_path, store, 6 * files[1][0] + 10, cache_evict_from=1.0)
+    for fid in list(range(1, 11)) * 2:
+        _read(cache, files, fid)
+    assert cache.metrics()["misses"] == 20
+    cache.close()
+
+
+def test_a_reader_following_a_stream_starts_an_epoch_per_version(tmp_path):
+    from headrace.reservoir import ReservoirReader
+
+    store = LocalStore(tmp_path / "s", fsync=False)
+    with ReservoirStorage.open(store, stream="e") as st:
+        versions = []
+        for pid, data in ((1, b"a" * 100), (2, b"b" * 100)):
+            s = st.session()
+            s.write(pid, data)
+            s.commit()
+            versions.append(st.checkpoint())
+    v1, v2 = versions
+    r1 = ReservoirReader.open(store, stream="e", version=v1, cache_dir=tmp_path / "c")
+    epoch = r1.source.cache.epoch
+    r2 = r1.at(v2)
+    assert r2.source.cache.epoch == epoch + 1
+    assert r2.read(2) == b"b" * 100
+    r2.close()

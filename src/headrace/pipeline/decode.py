@@ -4,8 +4,10 @@ An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w
 to 1). It is *bad* when it is larger than ``max_entry_bytes``, not a JSON object, names no known
 table, lacks one of its table's columns, holds a value of the wrong type (Spark's JSON parser
 flags it: the value is never turned into NULL silently), or has a weight that is 0 or not an
-integer. Good rows flow to the operators; bad ones go to :func:`bad_entries_task`, which names
-why (a Python look at each bad entry: they are the exception, not the bulk) and either reports
+integer. Good rows flow to the operators. Every entry also passes :func:`entries_task`, as a row
+of nulls unless it is bad (so the task counts the batch's entries without a Spark aggregate,
+which would cost a stage), and the task names why each bad one was refused (a Python look at
+each bad entry: they are the exception, not the bulk) and either reports
 them (``on_bad_entry="fail"``: the batch stops before anything is committed, the error names
 queue sequence, entry index, table and field) or writes them to the pipeline's dead-letter
 shard (``"dead_letter"``: raw entry, reason, position; counted in the batch metrics).
@@ -74,18 +76,19 @@ class Decoder:
         # table's parse): nothing is dropped without a trace
         self._bad = ~reduce(lambda a, b: a | b, [k for k, _ in self._split]) \
             if self._split else F.lit(True)
-        self._entry_cols = [F.col(c) for c in ENTRY_COLUMNS]
+        # what entries_task sees of each entry: its columns if it is bad, else nulls
+        self._checked = [F.when(self._bad, F.col(c)).alias(c) for c in ENTRY_COLUMNS]
 
     def parse(self, entries_df):
         """The entries with each one's table struct: persist this, then ``split`` it."""
         return entries_df.select(*self._parsed)
 
     def split(self, parsed_df):
-        """(frames: {source name: DataFrame of its columns + W}, bad: DataFrame of bad
-        entries (ENTRY_COLUMNS))."""
+        """(frames: {source name: DataFrame of its columns + W}, checked: a row per entry for
+        :func:`entries_task`, ENTRY_COLUMNS of a bad entry, nulls for a good one)."""
         frames = {node.name: parsed_df.filter(keep).select(*cols)
                   for node, (keep, cols) in zip(self.sources, self._split, strict=True)}
-        return frames, parsed_df.filter(self._bad).select(*self._entry_cols)
+        return frames, parsed_df.select(*self._checked)
 
 
 def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:
@@ -127,11 +130,12 @@ def _fits(v, t: pa.DataType) -> bool:
     return True  # strings: Spark keeps any JSON value's text
 
 
-def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: str | None,
-                     writer_id: str | None, url: str, persist_root: str, time: int,
-                     inline_max: int):
-    """mapInArrow function over bad entries: yields (KIND, PAYLOAD) control rows — ("bad",
-    summary) and, with a dead-letter shard, its part ("part"/"out", like an output)."""
+def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: str | None,
+                 writer_id: str | None, url: str, persist_root: str, time: int,
+                 inline_max: int):
+    """mapInArrow function over a partition of :meth:`Decoder.split`'s checked rows: yields
+    (KIND, PAYLOAD) control rows — ("rows", entries in the partition), ("bad", summary) and,
+    with a dead-letter shard, its part ("part"/"out", like an output)."""
     from headrace.pipeline.tasks import schema_from_bytes, table_to_ipc
 
     schemas: dict[str, dict[str, pa.Schema]] = {}  # queue -> table -> schema
@@ -143,7 +147,10 @@ def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter
                             ("index", pa.int32()), ("entry", pa.binary())])
         # Spark may mark a column non-nullable in some batches: same types, so cast
         rows = pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
+        count = ("rows", str(rows.num_rows).encode())
+        rows = rows.filter(rows["sequence"].is_valid())  # the bad entries
         if rows.num_rows == 0:
+            yield _control([count])
             return
         entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
         described = [describe(e, schemas.get(q, {}), max_entry_bytes)
@@ -153,7 +160,7 @@ def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter
             {"queue": q, "sequence": s, "index": i, "table": d[0], "field": d[1],
              "reason": d[2]}
             for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:_EXAMPLES]]}
-        control = [("bad", pickle.dumps(summary))]
+        control = [count, ("bad", pickle.dumps(summary))]
         if dead_letter is not None:
             n = rows.num_rows
             part = pa.table({
@@ -171,9 +178,12 @@ def bad_entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter
 
                 meta = upload_task_part(url, dead_letter, writer_id, part, persist_root)
                 control.append(("part", pickle.dumps((dead_letter, meta))))
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([k for k, _ in control], pa.string()),
-             pa.array([p for _, p in control], pa.binary())],
-            names=[f"{PREFIX}kind", f"{PREFIX}payload"])
+        yield _control(control)
 
     return fn
+
+
+def _control(rows: list[tuple[str, bytes]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([k for k, _ in rows], pa.string()), pa.array([p for _, p in rows], pa.binary())],
+        names=[f"{PREFIX}kind", f"{PREFIX}payload"])

@@ -7,16 +7,16 @@ whole graph as one Spark job. Only those control rows reach the driver.
 
 from __future__ import annotations
 
-import pickle
 from functools import reduce
 
 import pyarrow as pa
 
 from headrace.pipeline import eventtime
-from headrace.pipeline.decode import Decoder, bad_entries_task
+from headrace.pipeline.decode import ENTRY_COLUMNS, Decoder, entries_task
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
 from headrace.pipeline.tasks import (
+    CONTROL_SCHEMA,
     KIND,
     PAYLOAD,
     StageSpec,
@@ -35,15 +35,17 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                partitions: int, buckets: int, sinks: dict[int, list[str]],
                writer_ids: dict[str, str], persist_root: str, inline_max: int,
                max_entry_bytes: int, dead_letter: str | None,
-               watermark_us: int | None = None, decoder: Decoder | None = None
-               ) -> pa.Table | None:
+               watermark_us: int | None = None, decoder: Decoder | None = None,
+               columns: dict | None = None) -> pa.Table | None:
     """Build and run the micro-batch's job; return the control rows (KIND, PAYLOAD).
-    ``sinks``: id(operator node) -> the shards its output is written to in this run."""
+    ``sinks``: id(operator node) -> the shards its output is written to in this run;
+    ``columns``: the pipeline's cache of Columns that are the same every batch."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sources = [n for n in nodes if isinstance(n, SourceTable)]
     decoder = decoder or Decoder(sources, max_entry_bytes)
+    columns = {} if columns is None else columns
     # a queue batch is one input partition: a stateless path to a sink runs in the decode's
     # tasks, so spread the entries over the stage's tasks for it; stateful operators shuffle
     # by key anyway, and the extra shuffle would cost more than parsing in one task
@@ -52,14 +54,13 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     # every table's branch and the bad-entry branch read the parsed entries: parse them once
     entries_df = decoder.parse(entries_df).persist(StorageLevel.MEMORY_AND_DISK)
     persisted = [entries_df]
-    frames, bad = decoder.split(entries_df)
-    control = [bad.coalesce(1).mapInArrow(bad_entries_task(  # bad entries are rare: 1 task
+    frames, checked = decoder.split(entries_df)
+    # per input partition: its entry count and its bad entries, in the job's last stage
+    control = [checked.mapInArrow(entries_task(
         {(s.queue, s.table): schema_to_bytes(s.schema) for s in sources}, max_entry_bytes,
         dead_letter,
         writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
-        f"`{KIND}` string, `{PAYLOAD}` binary"),
-        entries_df.agg(F.count(F.lit(1)).alias("n")).select(
-            F.lit("rows").alias(KIND), F.col("n").cast("string").cast("binary").alias(PAYLOAD))]
+        spark_ddl(CONTROL_SCHEMA))]
     try:
         for node in nodes:
             if isinstance(node, Map):  # stateless: Spark expressions on the delta
@@ -76,11 +77,14 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                 continue
             inputs = []
             for i, src in enumerate(node.sources):
-                frame = _frame(spark, frames, src).withColumn(
-                    BUCKET, bucket_expr(node.bucket_columns[i], buckets))
-                if len(node.sources) == 2:
-                    frame = frame.withColumn(SIDE, F.lit(i))
-                inputs.append(frame)
+                frame = _frame(spark, frames, src)
+                side = i if len(node.sources) == 2 else None
+                key = (tuple(node.bucket_columns[i]), buckets, side)
+                if key not in columns:  # Columns are plans: built once, reused every batch
+                    columns[key] = {BUCKET: bucket_expr(node.bucket_columns[i], buckets)}
+                    if side is not None:
+                        columns[key][SIDE] = F.lit(side)
+                inputs.append(frame.withColumns(columns[key]))
             frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), inputs)
             expire = None
             if node.expiry is not None:  # late rows dropped, closed groups expired
@@ -97,18 +101,63 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                              inline_max=inline_max, expire=expire)
             if node.state_sides:  # rows of one key meet their state in one task
                 frame = frame.repartition(partitions, BUCKET)
-            out = frame.mapInArrow(
-                task_fn(spec, ctx), spark_ddl(stage_schema(node.schema)))
-            if downstream:  # the next operator reads the data rows from executor memory
-                out = out.persist(StorageLevel.MEMORY_AND_DISK)
-                persisted.append(out)
-                frames[node.name] = out.filter(F.col(KIND).isNull()).select(
-                    *[F.col(f"`{c}`") for c in node.schema.names], F.col(W))
+            out = frame.mapInArrow(task_fn(spec, ctx), spark_ddl(
+                stage_schema(node.schema) if downstream else CONTROL_SCHEMA))
+            if not downstream:  # only control rows
+                control.append(out)
+                continue
+            # the next operator reads the data rows from executor memory
+            out = out.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(out)
+            frames[node.name] = out.filter(F.col(KIND).isNull()).select(
+                *[F.col(f"`{c}`") for c in node.schema.names], F.col(W))
             control.append(out.filter(F.col(KIND).isNotNull()).select(KIND, PAYLOAD))
         return reduce(lambda a, b: a.union(b), control).toArrow()
     finally:
         for df in persisted:
             df.unpersist()
+
+
+def warm_workers(spark, ctx: TaskContextSpec, on_requests=None):
+    """Start a job in the background that starts the Python workers, imports the kernels and
+    opens the state reader of ``ctx.state_version`` in each, while the driver plans the
+    micro-batch: on a restart that start-up is seconds, and the batch's tasks would pay it
+    first. ``on_requests(dict)`` gets the object-store requests the job made. Returns the
+    thread (nothing depends on it; a failure is only logged)."""
+    import json
+    import logging
+    import threading
+
+    n = spark.sparkContext.defaultParallelism
+    url, stream, version, cache_dir = ctx.url, ctx.stream, ctx.state_version, ctx.cache_dir
+    reservoir = ctx.backend == "reservoir"
+
+    def warm(batches):
+        from headrace.pipeline import tasks  # noqa: F401 - the kernels' imports
+        from headrace.pipeline.workers import open_reader, task_store
+
+        for _ in batches:
+            pass
+        store = task_store(url)
+        before = store.counts()
+        if reservoir:
+            open_reader(url, stream, version, cache_dir)
+        after = store.counts()
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(
+            {k: after[k] - before[k] for k in after})])], names=["requests"])
+
+    def run():
+        try:
+            rows = spark.range(0, n, 1, n).mapInArrow(warm, "requests string").collect()
+            if on_requests is not None:
+                for r in rows:
+                    on_requests(json.loads(r[0]))
+        except Exception as e:  # noqa: BLE001 - an optimisation only
+            logging.getLogger("headrace.pipeline").debug("worker warm-up failed: %s", e)
+
+    thread = threading.Thread(target=run, name="headrace-warm-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 def _frame(spark, frames: dict, node: Node):
@@ -145,8 +194,6 @@ def task_fn(spec: StageSpec, ctx: TaskContextSpec):
 def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int):
     """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS read by executors (the
     driver lists the manifest only)."""
-    from pyspark.sql import functions as F
-
     from headrace.buffer import list_entries
 
     manifest = f"{queue}/manifest"
@@ -156,27 +203,23 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
     if not entries or entries[-1].sequence != through:
         raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
                         "needed to recover")
-    # an Arrow table: Spark builds it in the JVM (a list of tuples would need Python workers to
-    # unpickle it: on a cold restart that alone is a stage of ~2 s)
-    meta = pa.table({"sequence": pa.array([e.sequence for e in entries], pa.int64()),
-                     "location": pa.array([e.location for e in entries], pa.string()),
-                     "metadata": pa.array([pickle.dumps(
-                         [(m.start_index, m.ingestion_time_ms, m.payload) for m in e.metadata])
-                         for e in entries], pa.binary())})
-    df = spark.createDataFrame(meta)
+    # the few (sequence, location, metadata) travel in the task function; spark.range only
+    # numbers them (a DataFrame built from driver data costs a stage and, on a cold restart, a
+    # Python worker's start-up of its own)
+    todo = [(e.sequence, e.location, [(m.start_index, m.ingestion_time_ms, m.payload)
+                                      for m in e.metadata]) for e in entries]
 
     def read(batches):
         from headrace.spark.queue_source import read_batches
 
         for b in batches:
-            todo = [(seq, loc, pickle.loads(md)) for seq, loc, md in
-                    zip(*(b.column(i).to_pylist() for i in range(3)), strict=True)]
-            for rb in read_batches(url, manifest, manifest.rpartition("/")[0], todo):
-                yield rb.select(["sequence", "index", "entry"])
+            mine = [todo[i] for i in b.column(0).to_pylist()]
+            for rb in read_batches(url, manifest, manifest.rpartition("/")[0], mine):
+                yield pa.RecordBatch.from_arrays(
+                    [pa.repeat(pa.scalar(queue, pa.string()), rb.num_rows), rb.column("sequence"),
+                     rb.column("index"), rb.column("entry")], names=list(ENTRY_COLUMNS))
 
-    return df.repartition(min(meta.num_rows, partitions)).mapInArrow(
-        read, "sequence long, index int, entry binary").select(
-        F.lit(queue).alias("queue"), "sequence", "index", "entry")
+    return spark.range(0, len(todo), 1, min(len(todo), partitions)).mapInArrow(read, ENTRY_DDL)
 
 
 ENTRY_DDL = "queue string, sequence long, index int, entry binary"

@@ -57,10 +57,12 @@ def table_from_ipc(data) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
+CONTROL_SCHEMA = pa.schema([pa.field(KIND, pa.string()), pa.field(PAYLOAD, pa.binary())])
+
+
 def stage_schema(output: pa.Schema) -> pa.Schema:
     """Control columns first, then the operator's output columns and the weight."""
-    return pa.schema([pa.field(KIND, pa.string()), pa.field(PAYLOAD, pa.binary()),
-                      *output, pa.field(W, pa.int64())])
+    return pa.schema([*CONTROL_SCHEMA, *output, pa.field(W, pa.int64())])
 
 
 @dataclass
@@ -167,7 +169,8 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
     outs = [o for o in outs if o.num_rows]
     out = (pa.concat_tables(outs) if outs
            else pa.schema([*out_schema, pa.field(W, pa.int64())]).empty_table())
-    full = stage_schema(out_schema)
+    # a last operator's output goes to its sinks only: its stage yields control rows alone
+    full = stage_schema(out_schema) if spec.emit_rows else CONTROL_SCHEMA
     if spec.emit_rows and out.num_rows:
         yield _data_rows(out, full)
     control: list[tuple[str, bytes]] = []

@@ -10,6 +10,13 @@
 - Eviction: least recently used first, but among the oldest few the least frequently used goes;
   a background thread evicts once the cache passes ``cache_evict_from`` (80%) of its size; a
   download that finds no evictable space waits (pinned files are in use) up to a timeout.
+- Epochs (``new_epoch``; a reader following a stream starts one per version, i.e. per
+  micro-batch): a streaming job reads the same files in the same order every batch, and when
+  they do not all fit, LRU evicts exactly the file the scan needs next — every read misses.
+  Once epochs are in use, files not read in this epoch or the last go first (LRU as above);
+  then, of the rest, the most recently read goes: a file read in this epoch is not needed
+  again until the next, and of last epoch's files the last read is needed last. A cyclic scan
+  of N files through a cache of C then misses about N - C files per epoch instead of N.
 - Files are named ``{file_id:016x}-{crc64:016x}.dat`` so a reused id can never alias.
 """
 
@@ -38,13 +45,17 @@ _TICKS = itertools.count()  # recency: a larger tick = used more recently (threa
 
 
 class _Entry:
-    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq", "tick")
+    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq", "tick", "epoch",
+                 "fresh")
 
-    def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool):
+    def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool,
+                 epoch: int = 0):
         self.file_id, self.crc, self.path, self.size = file_id, crc, path, size
         self.pins = 0
         self.freq = 1
         self.tick = next(_TICKS)
+        self.epoch = epoch  # the cache's epoch when the file was last read (or admitted)
+        self.fresh = True  # admitted, not read yet (a download's reader is about to)
         self.fd = -1
         self.mm = None
         if direct and hasattr(os, "O_DIRECT"):
@@ -107,8 +118,14 @@ class LocalCache:
                                          daemon=True)
         self._evictor.start()
         self.hits = 0
+        self.epoch = 0  # 0: epochs not in use (plain LRU + frequency)
         self.stats = {"misses": 0, "downloads": 0, "evictions": 0, "healed": 0,
                       "registered": 0, "bytes_downloaded": 0}
+
+    def new_epoch(self) -> None:
+        """Start the next pass over the data (a micro-batch): see the module docstring."""
+        with self._lock:
+            self.epoch += 1
 
     # -- lifecycle -------------------------------------------------------------------------
     def retain_only(self, referenced: dict[int, int], *, delete_others: bool = True) -> None:
@@ -154,6 +171,8 @@ class LocalCache:
             if data is not None and len(data) == size and crc32(data) == page_crc:
                 e.freq += 1
                 e.tick = next(_TICKS)
+                e.epoch = self.epoch
+                e.fresh = False
                 self.hits += 1  # an attribute, not stats["hits"]: this path is ~1 µs
                 return data
         if file_size > self.max_bytes or file_id in self._uncacheable:
@@ -240,7 +259,8 @@ class LocalCache:
 
     # -- internals -------------------------------------------------------------------------
     def _add_entry(self, file_id: int, crc: int, path: Path, size: int) -> None:
-        self._entries[file_id] = _Entry(file_id, crc, path, size, self.opts.direct_io)
+        self._entries[file_id] = _Entry(file_id, crc, path, size, self.opts.direct_io,
+                                        self.epoch)
         self._used += size
         if self._used > self.opts.cache_evict_from * self.max_bytes:
             self._wake.set()  # the evictor sleeps until the cache is over its mark
@@ -261,6 +281,8 @@ class LocalCache:
                     e.pins += 1
                     e.freq += 1
                     e.tick = next(_TICKS)
+                    e.epoch = self.epoch
+                    e.fresh = False
                     self.hits += 1
                     return e
                 fut = self._inflight.get(file_id)
@@ -331,9 +353,18 @@ class LocalCache:
             self._reserved -= size
 
     def _victim(self) -> _Entry | None:
-        """Among the least recently used unpinned entries, the least frequently used."""
-        cands = heapq.nsmallest(_LRU_CANDIDATES, (e for e in self._entries.values()
-                                                  if e.pins == 0), key=lambda e: e.tick)
+        """Among the least recently used unpinned entries, the least frequently used; with
+        epochs, cold files (not read in this epoch or the last) that way first, then the most
+        recently read of the rest (a file admitted but not read yet is kept: its reader is
+        about to read it)."""
+        free = [e for e in self._entries.values() if e.pins == 0]
+        if self.epoch:
+            cold = [e for e in free if e.epoch < self.epoch - 1]
+            read = [e for e in free if not e.fresh]  # not one a download is handing over
+            if not cold and read:
+                return max(read, key=lambda e: (e.epoch == self.epoch, e.tick))
+            free = cold or free
+        cands = heapq.nsmallest(_LRU_CANDIDATES, free, key=lambda e: e.tick)
         return min(cands, key=lambda e: e.freq) if cands else None
 
     def _evict_loop(self) -> None:

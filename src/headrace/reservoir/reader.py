@@ -36,6 +36,8 @@ class ReservoirReader(PrometheusExport):
         self._state: State = loaded.state
         if _after is not None:  # same stream: the same cache, its files already admitted
             self.source = _after.source
+            if self.source.cache is not None:
+                self.source.cache.new_epoch()  # a new version: the next pass over the data
         else:
             self.source = PageSource(store, self.prefix, options, cache_dir, retry, name="reader")
             if self.source.cache is not None:
