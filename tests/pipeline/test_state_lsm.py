@@ -386,6 +386,36 @@ def test_delete_keys_drops_every_value_of_the_keys_across_runs(env):
     assert as_dict(pa.concat_tables(list(lsm.scan()))) == expect
 
 
+def test_writes_that_also_delete_keys_still_merge(env):
+    """A join that retracts rows writes, every batch, a data run and a small replacing run
+    (delete_keys). The small run must not keep the data runs from merging: the runs stay few
+    and the rows written stay a bounded multiple of the delta (before: a run per batch)."""
+    cfg = LSMConfig(page_bytes=4096, fanout=4, tier_base_bytes=4096)
+    rng = np.random.default_rng(5)
+    live: dict[int, int] = {}
+    total, max_runs = WriteStats(), 0
+    for b in range(40):
+        lsm = env.open(0, cfg)
+        new = rng.integers(0, 1 << 40, 400).tolist()
+        lsm.insert_updates(zset(new, [b] * len(new), [1] * len(new)))
+        gone = rng.choice(sorted(live), 5, replace=False).tolist() if len(live) > 5 else []
+        if gone:
+            lsm.delete_keys(pa.array([kb(k) for k in gone], pa.binary()))
+        for k in gone:
+            live.pop(k)
+        live.update(dict.fromkeys(new, b))
+        s = env.commit([lsm])
+        total.add(s)
+        max_runs = max(max_runs, s.runs)
+    assert max_runs <= 3 * (cfg.fanout - 1) + 2, max_runs
+    assert total.merges >= 5
+    assert total.raw_bytes_written <= 10 * total.delta_raw_bytes
+    lsm = env.open(0, cfg)
+    got = {int.from_bytes(k, "big"): int.from_bytes(v, "big") for (k, v), w in as_dict(
+        pa.concat_tables(list(lsm.scan()))).items()}
+    assert got == live
+
+
 def test_unchanged_bucket_writes_nothing(env):
     cfg = LSMConfig()
     lsm = env.open(0, cfg)

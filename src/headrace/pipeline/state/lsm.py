@@ -440,15 +440,23 @@ class BucketLSM:
                        enc.fences)
 
     def _merge(self, runs: list[_Run], stats: WriteStats) -> list[_Run]:
-        """Size-tiered: while the newest runs whose tier is at most the newest run's tier
-        number ``fanout`` or more, merge them into one (plus a tombstone run if older runs
-        remain for their deletions to apply to). Each merge leaves fewer runs, so it ends."""
+        """Size-tiered: while the newest runs whose tier is at most T number ``fanout`` or
+        more, merge them into one (plus a tombstone run if older runs remain for their
+        deletions to apply to). T is the newest run's tier, or else the larger of the two
+        newest: a write that deletes keys adds its data run and then a small replacing run,
+        and measured by that small run alone, runs of the data's tier would never merge (a
+        join retracting rows every batch piled up a run per batch). Each merge leaves fewer
+        runs, so it ends."""
         c = self.config
         while len(runs) >= c.fanout:
             tiers = [c.tier(r.raw) for r in runs]
-            j = len(runs) - 1
-            while j > 0 and tiers[j - 1] <= tiers[-1]:
-                j -= 1
+            j = len(runs)
+            for top in dict.fromkeys((tiers[-1], max(tiers[-2:]))):
+                j = len(runs) - 1
+                while j > 0 and tiers[j - 1] <= top:
+                    j -= 1
+                if len(runs) - j >= c.fanout:
+                    break
             if len(runs) - j < c.fanout:
                 break
             runs = runs[:j] + self._merge_group(runs[j:], oldest=j == 0, stats=stats)
