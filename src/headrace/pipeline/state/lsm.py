@@ -442,16 +442,19 @@ class BucketLSM:
     def _merge(self, runs: list[_Run], stats: WriteStats) -> list[_Run]:
         """Size-tiered: while the newest runs whose tier is at most T number ``fanout`` or
         more, merge them into one (plus a tombstone run if older runs remain for their
-        deletions to apply to). T is the newest run's tier, or else the larger of the two
-        newest: a write that deletes keys adds its data run and then a small replacing run,
-        and measured by that small run alone, runs of the data's tier would never merge (a
-        join retracting rows every batch piled up a run per batch). Each merge leaves fewer
-        runs, so it ends."""
+        deletions to apply to). T is the newest run's tier — or, when the newest run is a
+        replacing one, else the larger of the two newest: a write that deletes keys adds its
+        data run and then a small replacing run, and measured by that small run alone, runs of
+        the data's tier would never merge (a join retracting rows every batch piled up a run
+        per batch). Each merge leaves fewer runs, so it ends."""
         c = self.config
         while len(runs) >= c.fanout:
             tiers = [c.tier(r.raw) for r in runs]
+            tops = [tiers[-1]]
+            if runs[-1].kind == KIND_REPLACE and tiers[-2] > tiers[-1]:
+                tops.append(tiers[-2])
             j = len(runs)
-            for top in dict.fromkeys((tiers[-1], max(tiers[-2:]))):
+            for top in tops:
                 j = len(runs) - 1
                 while j > 0 and tiers[j - 1] <= top:
                     j -= 1
