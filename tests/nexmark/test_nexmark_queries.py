@@ -18,7 +18,7 @@ def test_q0_to_q22_are_all_there_or_said_to_be_inexpressible():
     assert sorted([*QUERIES, *NOT_EXPRESSIBLE]) == sorted(f"q{i}" for i in range(23))
     assert set(CORE) <= set(QUERIES)
     assert set(SQL) == set(QUERIES)
-    assert {q for q, v in QUERIES.items() if v.windowed} == {"q5", "q7", "q8"}
+    assert {q for q, v in QUERIES.items() if v.windowed} == {"q5", "q7", "q8", "q11"}
 
 
 def _t(**cols) -> pa.Table:
@@ -90,9 +90,10 @@ def _through_pipeline_vs_batch(spark, tmp_path, names: tuple[str, ...], events: 
 
 @pytest.mark.spark
 def test_queries_through_the_pipeline_equal_spark_batch(spark, tmp_path):
-    """q1 (stateless) and q8 (windowed aggregates with a watermark, a join on the window) over
-    2,000 events in 2 micro-batches (+ the no-data batch that closes windows)."""
-    _through_pipeline_vs_batch(spark, tmp_path, ("q1", "q8"), 2_000)
+    """q1 (stateless), q8 (windowed aggregates with a watermark, a join on the window) and q11
+    (session windows) over 2,000 events in 2 micro-batches (+ the no-data batches that close
+    windows and sessions)."""
+    _through_pipeline_vs_batch(spark, tmp_path, ("q1", "q8", "q11"), 2_000)
 
 
 @pytest.mark.spark

@@ -116,11 +116,23 @@ def test_append_needs_an_event_time_aggregate(spark, tmp_path):
     with pytest.raises(InvalidInput, match="feeds"):  # its final rows would be late at top
         counts.write_shard("c", mode="append")
     other = p.read_queue("in2", {"ask": "auction long, t timestamp"})["ask"]
-    with pytest.raises(InvalidInput, match="inner join"):
-        bid.join(other, on="auction", how="left", time_columns=("dateTime", "t"),
+    with pytest.raises(InvalidInput, match="join type 'cross'"):
+        bid.join(other, on="auction", how="cross", time_columns=("dateTime", "t"),
                  within=("0 seconds", "1 second"))
     with pytest.raises(InvalidInput, match="within"):
         bid.join(other, on="auction", time_columns=("dateTime", "t"))
+    # an outer interval join feeds an append sink only when both time columns are watermarked
+    half = bid.with_watermark("dateTime", "5 seconds").join(
+        other, on="auction", how="full", time_columns=("dateTime", "t"),
+        within=("0 seconds", "1 second"))
+    with pytest.raises(InvalidInput, match="interval join of two watermarked"):
+        half.write_shard("h", mode="append")
+    both = bid.with_watermark("dateTime", "5 seconds").join(
+        other.with_watermark("t", "5 seconds"), on="auction", how="full",
+        time_columns=("dateTime", "t"), within=("0 seconds", "1 second"))
+    both.filter(F.col("price") > 1).write_shard("b", mode="append")
+    with pytest.raises(InvalidInput, match="append sink"):
+        both.write_shard("b2")
 
 
 # ---- event time through joins and downstream aggregates (q5's shape); interval joins ----
@@ -199,9 +211,15 @@ def _clicks(seed: int, lo_s: float, hi_s: float, n: int, kind: str) -> list[dict
             for i in range(n)]
 
 
-def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tmp_path):
-    """Views within [click - 5 s, click + 10 s] of a click on the same ad, in two waves; the
-    second wave holds rows behind the watermark (late: dropped, counted)."""
+@pytest.mark.parametrize("how, mode", [("left", "update"), ("full", "append")])
+def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tmp_path, how,
+                                                                       mode):
+    """Views within [click - 5 s, click + 10 s] of a click on the same ad, in three waves
+    (each a restart); the second holds rows behind the watermark (late: dropped, counted),
+    the third only rows ~1000 s later on ads that match nothing, which moves the watermark past
+    every earlier row. Update mode: the shard equals Spark batch SQL over every row not late;
+    append mode: each row once, never retracted, equal to Spark over the first two waves'
+    rows (final), none of the third's (not final)."""
     from headrace.pipeline.runner import Pipeline
 
     F = _f()
@@ -213,25 +231,42 @@ def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tm
     late = sum(r[t] <= watermark for k, t in (("click", "ct"), ("view", "vt")) for r in second[k])
     kept = {k: first[k] + [r for r in second[k] if r[t] > watermark]
             for k, t in (("click", "ct"), ("view", "vt"))}
+    third = {"click": [dict(r, ad=r["ad"] + 10) for r in _clicks(5, 1000, 1010, 5, "click")],
+             "view": [dict(r, ad=r["ad"] + 20) for r in _clicks(6, 1000, 1010, 5, "view")]}
     assert 0 < late < 60
     p = None
-    for wave in (first, second):
+    for wave in (first, second, third):
         produce_entries(root, "in", [e for k in wave for e in encode_entries(k, wave[k])])
         p = Pipeline(spark, root, name="iv", partitions=2, buckets=4, checkpoint_dir=ckpt)
         src = p.read_queue("in", CLICKS)
         clicks = src["click"].with_watermark("ct", "5 seconds")
         views = src["view"].with_watermark("vt", "5 seconds")
-        clicks.join(views, on="ad", time_columns=("ct", "vt"),
-                    within=("-5 seconds", "10 seconds")).write_shard("out")
+        clicks.join(views, on="ad", how=how, time_columns=("ct", "vt"),
+                    within=("-5 seconds", "10 seconds")).write_shard("out", mode=mode)
         p.run(until_idle=True)
-    assert p.metrics["late_rows"] == late
+        if wave is second:  # metrics are the run's
+            assert p.metrics["late_rows"] == late
 
     def batch(frames):
-        return frames["click"].join(frames["view"], "ad").where(
-            F.expr("vt BETWEEN ct - INTERVAL 5 SECONDS AND ct + INTERVAL 10 SECONDS"))
+        c, v = frames["click"].alias("c"), frames["view"].alias("v")
+        on = (F.col("c.ad") == F.col("v.ad")) & F.expr(
+            "v.vt BETWEEN c.ct - INTERVAL 5 SECONDS AND c.ct + INTERVAL 10 SECONDS")
+        key = {"right": F.col("v.ad"), "full": F.coalesce("c.ad", "v.ad")}.get(how,
+                                                                                F.col("c.ad"))
+        return c.join(v, on, how).select(key.alias("ad"), "c.ct", "c.c", "v.vt", "v.v")
 
-    equal, why = rows_equal(p.read_shard("out"), batch_result(spark, CLICKS, kept, batch))
+    rows = kept if mode == "append" else {k: kept[k] + third[k] for k in kept}
+    equal, why = rows_equal(p.read_shard("out"), batch_result(spark, CLICKS, rows, batch))
     assert equal, why
+    if mode == "append":
+        shard = p.persist.read_only("out").snapshot(p.persist.upper("out") - 1)
+        assert set(shard["diff"].to_pylist()) == {1}  # each row once, never retracted
     join = next(n for n in p.nodes if getattr(n, "kind", "") == "join")
-    left, right = (len(_state_keys(p, join, side)) for side in (0, 1))
-    assert 0 < left < len(kept["click"]) and 0 < right < len(kept["view"]), (left, right)
+    # the first two waves' rows are final: the state holds the third wave's only (a key
+    # leads with its slot: 8 bytes, big-endian, sign bit flipped; slots are 15 s wide)
+    third_us = (BASE - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+                + dt.timedelta(seconds=1000 - 15)) // dt.timedelta(microseconds=1)
+    for side in (0, 1):
+        slots = [int.from_bytes(k[:8], "big") ^ (1 << 63)
+                 for k in _state_keys(p, join, side).to_pylist()]
+        assert slots and min(slots) * 15_000_000 >= third_us, (side, slots)

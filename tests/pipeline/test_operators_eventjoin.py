@@ -14,6 +14,7 @@ import pytest
 from conformance import DictZSet, canon_row  # noqa: I001  (tests/pipeline is on sys.path)
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_operators_interval import IntervalJoin
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.eventtime import bound_key
@@ -127,44 +128,43 @@ def _table(schema: pa.Schema, rows: list[tuple]) -> pa.Table:
                      W: pa.array(cols[3], pa.int64())})
 
 
-def _brute(lrows, rrows, lower, upper) -> Counter:
-    """The SQL: SELECT * FROM l JOIN r USING (k) WHERE rt BETWEEN lt + lower AND lt + upper,
-    over the net multiset of each side."""
-    lnet, rnet = Counter(), Counter()
-    for k, t, a, w in lrows:
-        lnet[(k, t, a)] += w
-    for k, t, b, w in rrows:
-        rnet[(k, t, b)] += w
-    out: Counter = Counter()
-    for (k, lt, a), wl in lnet.items():
-        for (k2, rt, b), wr in rnet.items():
-            if wl and wr and k is not None and k == k2 and lt + lower <= rt <= lt + upper:
-                row = canon_row([k, dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-                                 + dt.timedelta(microseconds=lt), a,
-                                 dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-                                 + dt.timedelta(microseconds=rt), b])
-                out[row] += wl * wr
-    return Counter({k: v for k, v in out.items() if v})
+def _model(how, lrows, rrows, lower, upper) -> Counter:
+    """The SQL: SELECT ... FROM l {how} JOIN r ON l.k = r.k AND r.rt BETWEEN lt + lower AND
+    lt + upper, over the net multiset of each side (the conformance class's model)."""
+    net = []
+    for rows in (lrows, rrows):
+        c: Counter = Counter()
+        for k, t, a, w in rows:
+            c[(k, t, a)] += w
+        assert all(n >= 0 for n in c.values())
+        net.append([r for r, n in sorted(c.items(), key=repr) for _ in range(n)])
+    model = IntervalJoin()
+    model.how, model.lower, model.upper = how, lower, upper
+    return model.model(net)
 
 
 _row = st.tuples(st.sampled_from([1, 2, None]), st.integers(0, 40), st.integers(0, 3))
+HOWS = ["inner", "left", "right", "full", "left_semi", "left_anti"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=90, deadline=None)
 @given(lrows=st.lists(_row, min_size=8, max_size=25),
        rrows=st.lists(_row, min_size=8, max_size=25),
        lower=st.integers(-12, 6), span=st.integers(0, 14), seed=st.integers(0, 2**16),
-       expire=st.booleans())
+       how=st.sampled_from(HOWS), mode=st.sampled_from(["none", "update", "append"]))
 def test_interval_join_equals_the_sql_condition_and_expiry_never_changes_it(
-        lrows, rrows, lower, span, seed, expire):
+        lrows, rrows, lower, span, seed, how, mode):
     """Random rows (times in seconds) arrive in random batches, with retractions; with
-    ``expire``, a watermark moves up between batches: rows already late are dropped (as the
-    stage drops them) and expired state is deleted. The integrated output must equal the
-    brute-force SQL result over the rows that were not late."""
+    expiry (``mode`` update or append), a watermark moves up between batches: rows already
+    late are dropped (as the stage drops them) and final state is deleted. Update mode: the
+    integrated output of ``apply`` must equal the SQL result over the rows that were not late.
+    Append mode: only ``expire(emit=True)`` output counts (the stage drops ``apply``'s); it
+    is never retracted, never more than the final result, and equal to it once a last
+    watermark has made every row final."""
     rnd = np.random.default_rng(seed)
     lower_us, upper_us = lower * SEC, (lower + span) * SEC
-    kernel = IntervalJoinKernel(L, R, "inner", on=["k"], interval={
-        "left": "lt", "right": "rt", "lower_us": lower_us, "upper_us": upper_us})
+    interval = {"left": "lt", "right": "rt", "lower_us": lower_us, "upper_us": upper_us}
+    kernel = IntervalJoinKernel(L, R, how, on=["k"], interval=interval)
     states = [RangeZSet(), RangeZSet()]
     sides = [[(k, t * SEC, a, 1) for k, t, a in lrows], [(k, t * SEC, b, 1) for k, t, b in rrows]]
     for side in sides:  # retract a third of the rows later (a retraction follows its insert)
@@ -178,9 +178,10 @@ def test_interval_join_equals_the_sql_condition_and_expiry_never_changes_it(
             batches[b][s].append(r)
     kept = [[], []]
     total: Counter = Counter()
+    emitted = []
     watermark = None
     for i, (lb, rb) in enumerate(batches):
-        if expire and watermark is not None:  # the stage drops late rows before the kernel
+        if mode != "none" and watermark is not None:  # the stage drops late rows
             lb = [r for r in lb if r[1] > watermark]
             rb = [r for r in rb if r[1] > watermark]
         kept[0] += lb
@@ -189,25 +190,39 @@ def test_interval_join_equals_the_sql_condition_and_expiry_never_changes_it(
         routed = {k for _, ks in kernel.route_keys(deltas) for k in ks.to_pylist()}
         for s in states:
             s.looked_up = []
-        total = _add(total, _out(kernel.apply(deltas, states)))
+        out = _out(kernel.apply(deltas, states))
         # one call for all of a task's buckets routes each key it touches by route_keys
         assert {k for s in states for k in s.looked_up} <= routed - {None}
-        if expire:
+        if mode != "append":
+            total = _add(total, out)
+        if mode != "none":
             watermark = (i + 1) * 10 * SEC - 5 * SEC
-            kernel.expire(states, expiry_bounds({"lower_us": lower_us, "upper_us": upper_us},
-                                                [0, 0], watermark), False)
+            final = _out(kernel.expire(states, expiry_bounds(interval, [0, 0], watermark),
+                                       mode == "append"))
+            assert mode == "append" or not final
+            emitted.append(final)
+            total = _add(total, final)
+    if mode == "append":  # a watermark past every time: everything is final
+        total = _add(total, _out(kernel.expire(states, expiry_bounds(
+            interval, [0, 0], 10**9 * SEC), True)))
+        assert [s.count() for s in states] == [0, 0]
     # a retraction is never earlier than its insert, so it is late only if its insert was
     # late or kept: the oracle sees exactly the rows the kernel saw
-    assert total == _brute(kept[0], kept[1], lower_us, upper_us)
+    want = _model(how, kept[0], kept[1], lower_us, upper_us)
+    assert total == want
+    for final in emitted:  # append mode: final rows only, never retracted
+        assert all(0 < n <= want[row] for row, n in final.items()), final
 
 
-def test_interval_join_state_shrinks_as_the_watermark_passes():
+@pytest.mark.parametrize("how", ["inner", "left", "full", "left_anti"])
+def test_interval_join_state_shrinks_as_the_watermark_passes(how):
     """Rows at 0..99 s and one at 59.999999 s on both sides, within (-5 s, +5 s): slots are
     10 s wide. A left row goes once lt + 5 s <= watermark (its partners would be late), a right
     row once rt + 5 s <= watermark; a slot goes when all its rows have: the slot [50 s, 60 s)
-    exactly when the watermark reaches 64.999999 s, not a microsecond before."""
+    exactly when the watermark reaches 64.999999 s, not a microsecond before. Outer joins
+    keep one entry per row (its match count rides in it) and lose it with the row."""
     interval = {"left": "lt", "right": "rt", "lower_us": -5 * SEC, "upper_us": 5 * SEC}
-    kernel = IntervalJoinKernel(L, R, "inner", on=["k"], interval=interval)
+    kernel = IntervalJoinKernel(L, R, how, on=["k"], interval=interval)
     states = [RangeZSet(), RangeZSet()]
     rows = [(1, t * SEC, t, 1) for t in range(100)] + [(1, 60 * SEC - 1, -1, 1)]
     kernel.apply([_table(L, rows), _table(R, rows)], states)
@@ -217,9 +232,9 @@ def test_interval_join_state_shrinks_as_the_watermark_passes():
         assert [s.count() for s in states] == [left, left], watermark
 
 
-def test_interval_join_refuses_outer_and_bad_bounds():
-    with pytest.raises(InvalidInput, match="inner join"):
-        IntervalJoinKernel(L, R, "left", on=["k"], interval={
+def test_interval_join_refuses_bad_kinds_and_bounds():
+    with pytest.raises(InvalidInput, match="join type 'cross'"):
+        IntervalJoinKernel(L, R, "cross", on=["k"], interval={
             "left": "lt", "right": "rt", "lower_us": 0, "upper_us": SEC})
     with pytest.raises(InvalidInput, match="lower <= upper"):
         IntervalJoinKernel(L, R, "inner", on=["k"], interval={
@@ -242,3 +257,26 @@ def test_aggregate_expiry_keeps_the_group_of_a_null_event_time():
     total = _add(total, _out(kernel.apply([batch.slice(0, 1)], [state])))
     nulls = {row: w for row, w in total.items() if row[0] is None}
     assert nulls == {(None, 1, 2): 1}
+
+
+@pytest.mark.parametrize("emit", [False, True])
+def test_outer_interval_join_rows_that_never_match(emit):
+    """A left join: a row with a NULL key is padded (update mode: at once) and kept until
+    final, so that append mode emits it then; a row with a NULL time is padded at once in
+    update mode, never stored, and never final (never emitted in append mode, as in Spark)."""
+    interval = {"left": "lt", "right": "rt", "lower_us": 0, "upper_us": SEC}
+    kernel = IntervalJoinKernel(L, R, "left", on=["k"], interval=interval)
+    states = [RangeZSet(), RangeZSet()]
+    left = pa.table({"k": pa.array([None, 1], pa.int64()), "lt": _ts([5 * SEC, None]),
+                     "a": [1, 2], W: [1, 1]})
+    out = _out(kernel.apply([left, _table(R, [(None, 5 * SEC, 9, 1)])], states))
+    padded = {canon_row([None, dt.datetime(1970, 1, 1, 0, 0, 5, tzinfo=dt.UTC), 1, None, None]): 1,
+              canon_row([1, None, 2, None, None]): 1}
+    assert out == padded
+    assert [s.count() for s in states] == [1, 0]  # the NULL-key row, until final
+    final = _out(kernel.expire(states, expiry_bounds(interval, [0, 0], 6 * SEC), emit))
+    assert [s.count() for s in states] == [1, 0]  # its slot [5 s, 6 s) is not all final
+    final += _out(kernel.expire(states, expiry_bounds(interval, [0, 0], 7 * SEC), emit))
+    assert [s.count() for s in states] == [0, 0]
+    assert final == (Counter({k: v for k, v in padded.items() if k[1] is not None}) if emit
+                     else Counter())

@@ -2,7 +2,8 @@
 
 ``F.count_distinct("x")`` prints as ``count(x)`` and ``F.sum(col * 2)`` as ``sum(*(x, 2))``, so
 a Column's text cannot be trusted. Instead the aggregate is analysed on an empty DataFrame and
-the resolved plan is read: each output's name, function, DISTINCT flag and arguments. An
+the resolved plan is read: each output's name, function, DISTINCT flag and arguments
+(``count(DISTINCT a, b)`` has two; ``F.sum_distinct(x)`` is ``sum`` with the flag). An
 argument that is not a plain column is computed by a projection before the aggregate. The
 kernel's output types are checked against Spark's, so the result is Spark's value for value.
 """
@@ -77,25 +78,26 @@ def plan_aggregate(frame, by: list[str], aggs: list):
         func, name, args = d["func"], d["name"], d["args"]
         if func not in _FUNCS:
             raise InvalidInput(f"aggregate {name!r}: {func} is not supported (count, "
-                               "count_distinct, sum, avg, min, max)")
+                               "sum, avg, min, max, each also with DISTINCT)")
         if func == "count" and not d["distinct"] and len(args) == 1 and args[0][0] == "literal":
             params[name] = ["count", None]  # count(*) / count(1)
             continue
-        if len(args) != 1:
+        if len(args) != 1 and func != "count":
             raise InvalidInput(f"aggregate {name!r}: {func} over {len(args)} columns is not "
-                               "supported; combine them in one column first")
-        kind, text = args[0]
-        if d["distinct"] and func in ("sum", "avg"):
-            raise InvalidInput(f"aggregate {name!r}: {func}(DISTINCT ...) is not supported")
+                               "supported")
         if d["distinct"] and func in ("min", "max"):
             d["distinct"] = False  # min/max of the distinct values = min/max
-        if kind == "column":
-            column = text
-        else:
-            column = _fresh(f"_{func}_arg", taken)
+        columns = []
+        for kind, text in args:
+            if kind == "column":
+                columns.append(text)
+                continue
+            column = _fresh(f"_{func}_arg", taken)  # an expression: computed before the agg
             taken.add(column)
             pre.append((column, text))
-        params[name] = ["count_distinct" if d["distinct"] else func, column]
+            columns.append(column)
+        params[name] = [f"{func}_distinct" if d["distinct"] else func,
+                        columns[0] if len(columns) == 1 else columns]
     projection = None
     if pre:
         cols = list(pre)

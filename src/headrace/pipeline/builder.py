@@ -211,9 +211,10 @@ class PipelineBuilder:
              within: tuple[str, str] | None = None) -> Frame:
         """Equi-join: inner, left, right, full, left_semi or left_anti (SQL semantics: NULL
         keys never match); ``on`` (same names) or ``left_on``/``right_on``. With
-        ``time_columns=(lt, rt)`` and ``within=(lower, upper)``: an interval join, a pair
-        matches only when rt is in [lt + lower, lt + upper]. Keys that are event time on both
-        sides (or lt and rt) let the join drop late rows and delete state (eventtime.py)."""
+        ``time_columns=(lt, rt)`` and ``within=(lower, upper)``: an interval join (any
+        ``how``), a pair matches only when rt is in [lt + lower, lt + upper]. Keys that are
+        event time on both sides (or lt and rt) let the join drop late rows and delete state
+        (eventtime.py); an interval join of two watermarked columns may feed an append sink."""
         left, right = _node(left), _node(right)
         lk = list(on if on is not None else left_on or [])
         rk = list(on if on is not None else right_on or [])
@@ -282,12 +283,14 @@ class PipelineBuilder:
             raise InvalidInput(f"shard {shard!r}: start must be 'now' or None, got {start!r}")
         final = _behind_maps(node)  # filters and projections of final rows are final rows
         if mode == "append":
-            if not (isinstance(final, Operator) and final.expiry and final.kind == "aggregate"):
+            if not (isinstance(final, Operator) and final.expiry
+                    and (final.kind in ("aggregate", "session") or "interval" in final.params)):
                 raise InvalidInput(f"shard {shard!r}: mode='append' needs an aggregate grouped "
-                                   "by event time (with_watermark, then group_by a window of "
-                                   "that column): only its rows become final (a join's rows "
-                                   "do not: a later match or padding change may follow); use "
-                                   "'update'")
+                                   "by event time (with_watermark, then group_by a window or "
+                                   "session window of that column) or an interval join of two "
+                                   "watermarked time columns: only their rows become final (an "
+                                   "equi-join's rows do not: a later match or padding change "
+                                   "may follow); use 'update'")
             later = [n.name for n in self.nodes if isinstance(n, Operator) and n.expiry
                      and final in _upstream_operators(n)]
             if later:
@@ -296,11 +299,11 @@ class PipelineBuilder:
                                    "reach it only when final, i.e. late; use 'update'")
             if any(s.mode == "update" and _behind_maps(s.node) is final for s in self.sinks):
                 raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds an update sink; an "
-                                   "aggregate emits either changes or final rows")
+                                   "operator emits either changes or final rows")
             final.emit_final = True
         elif isinstance(final, Operator) and final.emit_final:
             raise InvalidInput(f"shard {shard!r}: {final.name!r} feeds an append sink; an "
-                               "aggregate emits either changes or final rows")
+                               "operator emits either changes or final rows")
         taken = sorted(set(node.schema.names) & {"time", "diff"})
         if taken:
             raise InvalidInput(f"shard {shard!r}: output column(s) {taken} collide with the "

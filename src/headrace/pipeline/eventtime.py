@@ -10,14 +10,19 @@ watermarked column (offset 0), a window of it (``window_start``: the size, ``win
 and, downstream, the group columns of an aggregate and the keys of a join that are time columns
 on both sides. A value v with v + offset <= watermark is *final*: no non-late row can carry it
 any more. At an operator whose state is keyed by such a column (an aggregate grouped by it, a
-join on it, an interval join on two of them):
+join on it, an interval join on two of them, a session window of it):
 
 - an input row whose time is final is *late*: dropped and counted (``metrics["late_rows"]``),
   as Spark drops it;
 - every state key that became final is deleted — its key range is the prefix of the bucket
   below an encoded bound, because the time column leads the key (``bound_key``; interval joins:
-  ``operators.interval``) — and, in append mode (aggregates only), emitted then (once, final);
-  update mode emitted it as it changed. Output already emitted stays.
+  ``operators.interval``) — and, in append mode (aggregates, session windows, interval
+  joins), emitted then (once, final); update mode emitted it as it changed. Output already emitted stays.
+
+A session window of a time column with offset o expires with offset o + gap: a row is late
+once its own session ``[t, t + gap)`` is final (Spark's rule), and a session once its end + o
+<= watermark; its state is keyed by session end, so the bound is an encoded end
+(``operators.session``).
 
 To reach every bucket, not only those the batch's rows fall in, the stage gets one weight-0
 row per bucket ("ticks"); tasks drop them before the kernel.
@@ -101,6 +106,9 @@ def prepare(spark, node, frame, watermark_us: int | None, buckets: int):
         from headrace.pipeline.operators.interval import expiry_bounds
 
         below = expiry_bounds(interval, offsets, watermark_us)
+    elif node.kind == "session":  # sessions whose end is final: end + (offset - gap) <= wm
+        gap = node.params["gap_us"]
+        below = bound_key(node.sources[0].schema, columns[0], watermark_us - offsets[0] + gap)
     else:  # the time column leads the state key; keys below the bound are final
         below = bound_key(node.sources[0].schema, columns[0], watermark_us - offsets[0])
     return kept.unionByName(ticks), count, (below, node.emit_final)

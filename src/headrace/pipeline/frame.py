@@ -178,7 +178,8 @@ class Frame:
 
     # ---- stateful steps ---------------------------------------------------------------
     def group_by(self, *keys) -> GroupedFrame:
-        """Group keys: names, Columns, or ``F.window(time, size[, slide])``."""
+        """Group keys: names, Columns, ``F.window(time, size[, slide])`` or
+        ``F.session_window(time, gap)``."""
         return GroupedFrame(self, [k for group in keys for k in (
             group if isinstance(group, list | tuple) else [group])])
 
@@ -191,11 +192,12 @@ class Frame:
     def join(self, other: Frame, on=None, how: str = "inner", *, left_on=None, right_on=None,
              time_columns: tuple[str, str] | None = None,
              within: tuple[str, str] | None = None, name: str | None = None) -> Frame:
-        """Equi-join (SQL semantics: NULL keys never match): inner, left, right, full,
-        left_semi, left_anti; ``on`` names columns of both sides, or ``left_on``/``right_on``.
-        Interval join (inner): ``time_columns=("lt", "rt"), within=("-5 seconds", "10
-        seconds")`` also requires ``rt BETWEEN lt - 5 s AND lt + 10 s``; with watermarks on
-        both time columns, rows that can no longer match leave the state."""
+        """Equi-join (SQL semantics: NULL keys never match): inner, left, right, full
+        (outer), left_semi, left_anti; ``on`` names columns of both sides, or
+        ``left_on``/``right_on``. Interval join (any of those): ``time_columns=("lt", "rt"),
+        within=("-5 seconds", "10 seconds")`` also requires ``rt BETWEEN lt - 5 s AND lt +
+        10 s``; with watermarks on both time columns, rows that are final leave the state, and
+        the join may feed an append sink (each row once, when final)."""
         if isinstance(on, str):
             on = [on]
         if isinstance(left_on, str):
@@ -226,7 +228,8 @@ class GroupedFrame:
 
     def agg(self, *aggs, name: str | None = None) -> Frame:
         """Aggregate columns as PySpark builds them: F.count("*"), F.count(c), F.sum, F.avg,
-        F.min, F.max, F.count_distinct, each optionally ``.alias(...)`` and over expressions."""
+        F.min, F.max, F.count_distinct, each optionally ``.alias(...)`` and over expressions.
+        A ``F.session_window(t, gap)`` group key makes session windows (docs/queries.md)."""
         from headrace.pipeline.aggspec import plan_aggregate
 
         if not aggs:
@@ -234,7 +237,11 @@ class GroupedFrame:
         aggs = [a for group in aggs for a in (group if isinstance(group, list | tuple)
                                               else [group])]
         from headrace.pipeline.aggspec import check_types
+        from headrace.pipeline.sessionspec import plan_session
 
+        session = plan_session(self.frame, self.keys)
+        if session is not None:
+            return self._session_agg(*session, aggs, name)
         frame, by = self._keyed()
         pre, params, expected = plan_aggregate(frame, by, aggs)
         if pre is not None:
@@ -256,6 +263,35 @@ class GroupedFrame:
         from pyspark.sql import functions as F
 
         return self.agg(F.count("*").alias("count"))
+
+    def _session_agg(self, pos: int, spec: dict, aggs: list, name: str | None) -> Frame:
+        """``group_by(F.session_window(t, gap), keys).agg(...)``: the session kernel
+        (operators/session.py). The session comes out as ``<name>_start``/``<name>_end`` in
+        the session window's place; with ``t`` event time, closed sessions leave the state."""
+        from headrace.pipeline.aggspec import check_types, plan_aggregate
+
+        frame, before = GroupedFrame(self.frame, self.keys[:pos])._keyed()
+        frame, after = GroupedFrame(frame, self.keys[pos + 1:])._keyed()
+        by = before + after
+        pre, params, expected = plan_aggregate(frame, by, aggs)
+        if pre is not None:
+            frame = frame._map(pre[0], pre[1])
+        time, gap = spec["time"], spec["gap_us"]
+        times = getattr(frame.node, "times", {})
+        expiring = time in times
+        params.update(time=time, gap_us=gap, name=spec["name"], expiring=expiring)
+        p = self.frame.pipeline
+        node = p._add("session", name or p._auto_name("session"), [frame.node], params)
+        # late: t + gap <= watermark (the row's own session has ended), as Spark
+        expiry = {"columns": [time], "offsets_us": [times[time] + gap]} if expiring else None
+        p._set_expiry(node, expiry, {})  # no time columns out: a retraction may shorten one
+        check_types(node.schema, expected, f"session window {node.name!r}")
+        out = Frame(p, node)
+        start, end = f"{spec['name']}_start", f"{spec['name']}_end"
+        order = before + [start, end] + after + expected.names[len(by):]
+        if order != out.columns:  # Spark's column order: the session in its key's place
+            out = out.select(*order)
+        return out
 
     def _keyed(self) -> tuple[Frame, list[str]]:
         """The frame with every group key as a column (windows expanded), and their names."""

@@ -2,13 +2,18 @@
 
 Params are plain JSON-able values (they are part of the pipeline's fingerprint and travel to
 executors): aggregate ``{"by": [...], "aggs": {out: "count" | "count(col)" | "sum(col)" |
-"avg(col)" | "min(col)" | "max(col)" | "count_distinct(col)"}}``; join ``{"how": ..., "on": [...]}``
-or ``{"how": ..., "left_on": [...], "right_on": [...]}``, plus ``"interval": {"left": lt,
-"right": rt, "lower_us": n, "upper_us": m}`` for an interval join; distinct ``{}``; window
+"avg(col)" | "min(col)" | "max(col)" | "count_distinct(col)" | "sum_distinct(col)" |
+"avg_distinct(col)" | [func, col] | [func, [col, ...]]}}`` (the list forms take any column
+name; several columns only for count and count_distinct: rows where none is NULL); join
+``{"how": ..., "on": [...]}`` or ``{"how": ..., "left_on": [...], "right_on": [...]}``,
+plus ``"interval": {"left": lt, "right": rt, "lower_us": n, "upper_us": m}`` for an interval
+join; distinct ``{}``; window
 functions (``over``) ``{"partition_by": [...], "order_by": [[col, "asc" | "desc",
 "nulls_first" | "nulls_last" | None]], "funcs": [[out, func, col | None, preceding | None]]}``
 (func: row_number, rank, dense_rank, count, sum, avg, min, max; preceding: the ROWS frame's
-start, n rows before the current one, None = unbounded).
+start, n rows before the current one, None = unbounded); session windows (``session``)
+``{"by": [...], "time": col, "gap_us": n, "name": "session_window", "aggs": {...} (as
+aggregate's), "expiring": bool}``.
 """
 
 from __future__ import annotations
@@ -38,14 +43,26 @@ def parse_agg(name: str, text: str):
     return Agg(func, col.strip("`") if col else None, name)
 
 
+def _aggs(params: dict) -> list:
+    """"sum(col)" text, or [func, column | [columns]] (any column name; the fluent API's)."""
+    from headrace.pipeline.operators.aggregate import Agg
+
+    return [parse_agg(n, t) if isinstance(t, str)
+            else Agg(t[0], tuple(t[1]) if isinstance(t[1], list | tuple) else t[1], n)
+            for n, t in params["aggs"].items()]
+
+
 def build(kind: str, schemas: list[pa.Schema], params: dict):
     if kind == "aggregate":
-        from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
+        from headrace.pipeline.operators.aggregate import AggregateKernel
 
-        # "sum(col)" text, or [func, column] (any column name; the fluent API's form)
-        aggs = [parse_agg(n, t) if isinstance(t, str) else Agg(t[0], t[1], n)
-                for n, t in params["aggs"].items()]
-        return AggregateKernel(schemas[0], params["by"], aggs)
+        return AggregateKernel(schemas[0], params["by"], _aggs(params))
+    if kind == "session":
+        from headrace.pipeline.operators.session import RoutedSessionKernel, SessionKernel
+
+        cls = SessionKernel if params.get("expiring", False) else RoutedSessionKernel
+        return cls(schemas[0], params["by"], params["time"], params["gap_us"], _aggs(params),
+                   name=params.get("name", "session_window"))
     if kind == "join":
         from headrace.pipeline.operators.join import JoinKernel
 

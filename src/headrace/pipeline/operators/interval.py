@@ -1,21 +1,38 @@
-"""Interval joins: an inner equi-join whose pairs must also be close in event time — a pair
-(l, r) is output when the keys are equal and ``r.rt BETWEEN l.lt + lower AND l.lt + upper``.
+"""Interval joins: an equi-join whose pairs must also be close in event time — (l, r) match when
+the keys are equal and ``r.rt BETWEEN l.lt + lower AND l.lt + upper`` — inner, left, right,
+full outer, left semi and left anti, with Spark SQL's semantics over the net input.
 
 State, one spine per side: key = the *time slot* of the row's time (8 bytes, order-preserving:
 big-endian, sign bit flipped), then the equi-key encoding; val = the exact row; w. Slots are
 ``width = max(upper - lower, 1 µs)`` wide, so the partners of a row lie in at most two slots of
 the other side: a delta row probes those two keys (``lookup_many``) and the pairs found are
-kept where the times fit. Because the slot leads the key, the rows that can no longer match a
-non-late row (watermarks on both time columns, ``expiry_bounds``) are a key prefix of each
-bucket: ``expire`` deletes them with one range scan per side. A row with a NULL key or time
-never matches (SQL), so it is never stored.
+kept where the times fit. Matched rows change by dL x R + L x dR + dL x dR, as in
+``join.JoinKernel``.
 
-Matched rows change by dL x R + L x dR + dL x dR, as in ``join.JoinKernel``.
+A side whose rows also come out alone — the left of left/full/semi/anti, the right of
+right/full: *counted* — keeps each row's match count m, the weighted number of rows of the
+other side it matches now: val = m (8 bytes, big-endian) + the row. A row v is output alone
+(NULL-padded, or as is for semi/anti) while f(m) holds (f = "m == 0", for semi "m > 0"), so
+with old weight L, new L', old count m, new m' its output changes by f(m') L' - f(m) L, which
+retracts the padding at the first match and restores it when the last one leaves; the entry
+(m, v, L) becomes (m', v, L'). A new row's m comes from its probe of the other side's state, a
+stored row's m from state, and the delta rows of the other side that match it are found by
+their probe: one lookup per side and batch. A row with a NULL key or time never matches (SQL):
+on a padded side it comes out padded at once; one with a time is stored with m = 0 (for append
+mode), one without a time (never final) is not; elsewhere such rows are never stored.
+
+Expiry (``expiry_bounds``): a row leaves the state once it is *final*: late itself and no
+non-late row of the other side can match it any more. Because the slot leads the key, the final
+rows are a key prefix of each bucket: one deleted range per side. In update mode everything a
+final row contributed is out already; in append mode (``expire(emit=True)``) it comes out then:
+its row alone if f(m), and its pairs with the other side's rows still in state — a pair comes
+out when the first of its two rows is final (the other is late then: its weight is final too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -23,11 +40,20 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline import keys
-from headrace.pipeline.operators.base import StateSpine
+from headrace.pipeline.names import W
+from headrace.pipeline.operators.base import ZSET_SCHEMA, StateSpine
 from headrace.pipeline.operators.join import JoinKernel, _check_products, _delete_below
-from headrace.pipeline.operators.zset import as_array, consolidate, consolidate_rows, weights, zset
+from headrace.pipeline.operators.zset import (
+    as_array,
+    consolidate,
+    consolidate_rows,
+    group_sum,
+    weights,
+    zset,
+)
 
 MAX_BOUND_US = 1 << 60  # far beyond any timestamp span: sums of times and bounds never wrap
+COUNT_BYTES = 8
 
 
 def slot_width(lower_us: int, upper_us: int) -> int:
@@ -37,23 +63,29 @@ def slot_width(lower_us: int, upper_us: int) -> int:
 def slot_bytes(slots: np.ndarray) -> pa.Array:
     """int64 slots -> 8-byte keys whose byte order is the slots' order."""
     flipped = (np.asarray(slots, np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8")
-    n = len(flipped)
+    return _fixed8(flipped)
+
+
+def _fixed8(values: np.ndarray) -> pa.Array:
+    """8-byte big-endian values as a binary array."""
+    n = len(values)
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), n,
-                                                 [None, pa.py_buffer(flipped.tobytes())])
+                                                 [None, pa.py_buffer(values.tobytes())])
     return fixed.cast(pa.binary())
 
 
 def expiry_bounds(interval: dict, offsets_us: Sequence[int], watermark_us: int) -> bytes:
     """The ``expire`` bound of an interval join at a watermark: left slot key + right slot
-    key (8 bytes each); every row in a slot below its side's key can no longer match.
+    key (8 bytes each); every row in a slot below its side's key is final.
 
-    A right row is late once rt + offset_r <= watermark, so a left row has no partner left to
-    come once lt + upper <= watermark - offset_r; symmetrically a right row once
-    rt - lower <= watermark - offset_l. A slot goes when all its times are that old."""
+    A row is late once its time + its offset <= watermark. A left row has no partner left to
+    come once lt + upper <= watermark - offset_r (a later right row would be late); a right
+    row once rt - lower <= watermark - offset_l. Final = both; a slot goes when all its times
+    are final."""
     lower, upper = interval["lower_us"], interval["upper_us"]
     width = slot_width(lower, upper)
-    left_last = watermark_us - offsets_us[1] - upper  # a left row with lt <= this is done
-    right_last = watermark_us - offsets_us[0] + lower
+    left_last = min(watermark_us - offsets_us[1] - upper, watermark_us - offsets_us[0])
+    right_last = min(watermark_us - offsets_us[0] + lower, watermark_us - offsets_us[1])
     slots = np.array([(left_last + 1) // width, (right_last + 1) // width], np.int64)
     return b"".join(slot_bytes(slots).to_pylist())
 
@@ -66,15 +98,40 @@ def _micros(col) -> np.ndarray:
                       np.int64)
 
 
+def _valid(col) -> np.ndarray:
+    return np.asarray(as_array(col).is_valid().to_numpy(zero_copy_only=False), bool)
+
+
+def _ints(col) -> np.ndarray:
+    return np.asarray(as_array(col).to_numpy(zero_copy_only=False), np.int64)
+
+
+@dataclass
+class _Delta:
+    """One side's batch: ``z`` the consolidated state delta (key, val = row, w) of the rows
+    that can match, ``rows`` its decoded rows; ``alone`` the output of the rows that cannot
+    (padded side); ``nulls`` the state entries of those with a time (m = 0)."""
+
+    z: pa.Table
+    rows: pa.Table
+    alone: pa.Table | None
+    nulls: pa.Table | None
+
+
+@dataclass
+class _Pairs:
+    """Matched pairs whose times fit: the decoded rows, their encodings and weights."""
+
+    lrows: pa.Table
+    rrows: pa.Table
+    enc: pa.Table  # lv, rv (row encodings), lw, rw
+
+
 class IntervalJoinKernel(JoinKernel):
     def __init__(self, left: pa.Schema, right: pa.Schema, how: str = "inner", *,
                  interval: dict, on: Sequence[str] | None = None,
                  left_on: Sequence[str] | None = None, right_on: Sequence[str] | None = None):
         super().__init__(left, right, how, on=on, left_on=left_on, right_on=right_on)
-        if self.how != "inner":
-            raise InvalidInput(f"an interval join is an inner join (how={how!r} given): outer "
-                               "padding of a time-bounded join is not built; join 'inner', or "
-                               "use an equi-join without time_columns/within")
         self.lt, self.rt = interval["left"], interval["right"]
         self.lower, self.upper = int(interval["lower_us"]), int(interval["upper_us"])
         for side, schema, c in (("left", left, self.lt), ("right", right, self.rt)):
@@ -91,15 +148,30 @@ class IntervalJoinKernel(JoinKernel):
             raise InvalidInput("interval join: a bound of within=(...) is longer than 36,000 "
                                "years")
         self.width = slot_width(self.lower, self.upper)
+        self.semi = self.how in ("left_semi", "left_anti")
+        self.counted = (self.how in ("left", "full", "left_semi", "left_anti"),
+                        self.how in ("right", "full"))
+        # a counted side's unmatched rows come out (all but semi's): they are stored too
+        self.padded = (self.counted[0] and self.how != "left_semi", self.counted[1])
+
+    def _alone(self, m: np.ndarray) -> np.ndarray:
+        """f(m): is a counted row with m matches output alone?"""
+        return m > 0 if self.how == "left_semi" else m == 0
 
     # ---- keys ---------------------------------------------------------------------------
-    def _usable(self, delta: pa.Table, side: int) -> np.ndarray:
-        """Rows that can match: no NULL in a key column nor in the time column."""
+    def _masks(self, delta: pa.Table, side: int) -> tuple[np.ndarray, np.ndarray]:
+        """(no NULL in a key column, a non-NULL time) per row."""
         on = self.left_on if side == 0 else self.right_on
-        ok = np.ones(delta.num_rows, bool)
-        for c in [*on, self.lt if side == 0 else self.rt]:
-            ok &= np.asarray(as_array(delta[c]).is_valid().to_numpy(zero_copy_only=False))
-        return ok
+        key_ok = np.ones(delta.num_rows, bool)
+        for c in on:
+            key_ok &= _valid(delta[c])
+        return key_ok, _valid(delta[self.lt if side == 0 else self.rt])
+
+    def _codecs(self, side: int):
+        return (self.lkey, self.lrow) if side == 0 else (self.rkey, self.rrow)
+
+    def _time(self, rows: pa.Table, side: int) -> np.ndarray:
+        return _micros(rows[self.lt if side == 0 else self.rt])
 
     def _probe_slots(self, t: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
         """The first and last slot of the other side that a row at time ``t`` can match."""
@@ -112,87 +184,245 @@ class IntervalJoinKernel(JoinKernel):
         (null where a row touches no state)."""
         out = []
         for side, delta in enumerate(deltas):
-            ok = pa.array(~self._usable(delta, side))
-            codec = self.lkey if side == 0 else self.rkey
-            ek = codec.encode(delta)
-            t = _micros(delta[self.lt if side == 0 else self.rt])
+            key_ok, time_ok = self._masks(delta, side)
+            own = time_ok & (key_ok | self.padded[side])
+            probe = time_ok & key_ok
+            ek = self._codecs(side)[0].encode(delta)
+            t = self._time(delta, side)
             lo, hi = self._probe_slots(t, side)
-            for slots in (t // self.width, lo, hi):
+            for slots, ok in ((t // self.width, own), (lo, probe), (hi, probe)):
                 k = keys.concat_binary(slot_bytes(slots), ek)
-                out.append((side, pc.if_else(ok, pa.scalar(None, pa.binary()), k)))
+                out.append((side, pc.if_else(pa.array(~ok), pa.scalar(None, pa.binary()), k)))
         return out
 
     # ---- the step -----------------------------------------------------------------------
     def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
-        lstate, rstate = states
-        zl = self._zside(deltas[0], 0)
-        zr = self._zside(deltas[1], 1)
-        if not (zl.num_rows or zr.num_rows):
-            return self._empty()
-        right_old = self._probe(zl, 0, rstate.lookup_many)  # dL x R
-        left_old = self._probe(zr, 1, lstate.lookup_many)  # L x dR
-        _check_products(zl, right_old[1], left_old[1], zr)
-        _check_products(zl, zr, zl.slice(0, 0), zr.slice(0, 0))
-        parts = [self._matches(zl, 0, *right_old), self._matches(zr, 1, *left_old)]
-        new = self._probe(zl, 0, lambda k: _take_keys(zr, k))
-        parts.append(self._matches(zl, 0, *new))
-        lstate.insert_updates(zl.select(["key", "val", "w"]))
-        rstate.insert_updates(zr.select(["key", "val", "w"]))
+        d = [self._delta(deltas[s], s) for s in (0, 1)]
+        parts = [x.alone for x in d if x.alone is not None]
+        zl, zr = d[0].z, d[1].z
+        if zl.num_rows or zr.num_rows:
+            probes = [self._probes(d[0].rows, zl, 0), self._probes(d[1].rows, zr, 1)]
+            found = [self._lookup(states[s], probes[1 - s], d[s].z if self.counted[s] else None,
+                                  s) for s in (0, 1)]
+            _check_products(zl, found[1], found[0], zr)
+            _check_products(zl, zr, zl.slice(0, 0), zr.slice(0, 0))
+            new_old = self._fit(d[0].rows, zl, 0, probes[0], found[1])  # dL x R
+            old_new = self._fit(d[1].rows, zr, 1, probes[1], found[0])  # L x dR
+            new_new = self._fit(d[0].rows, zl, 0, probes[0],
+                                _take_keys(zr, as_array(pc.unique(probes[0]["key"]))))
+            if not self.semi:
+                parts += [self._pair_rows(p) for p in (new_old, old_new, new_new)]
+            for s in (0, 1):
+                if self.counted[s]:
+                    out, update = self._recount(s, d[s].z, found[s], new_old, old_new, new_new)
+                    parts.append(out)
+                    states[s].insert_updates(update)
+                elif d[s].z.num_rows:
+                    states[s].insert_updates(d[s].z)
+        for s in (0, 1):
+            if d[s].nulls is not None and d[s].nulls.num_rows:
+                states[s].insert_updates(d[s].nulls)
         parts = [p for p in parts if p.num_rows]
         if not parts:
             return self._empty()
         return consolidate_rows(pa.concat_tables(parts), self.out_codec)
 
-    def _zside(self, delta: pa.Table, side: int) -> pa.Table:
-        """One side's consolidated state delta (key, val, w) of rows that can match."""
-        good = delta.filter(pa.array(self._usable(delta, side)))
-        codec, rows = (self.lkey, self.lrow) if side == 0 else (self.rkey, self.rrow)
-        t = _micros(good[self.lt if side == 0 else self.rt])
-        key = keys.concat_binary(slot_bytes(t // self.width), codec.encode(good))
-        return consolidate(zset(key, rows.encode(good), weights(good)))
+    def _delta(self, delta: pa.Table, side: int) -> _Delta:
+        key_ok, time_ok = self._masks(delta, side)
+        row_codec = self._codecs(side)[1]
+        good = delta.filter(pa.array(key_ok & time_ok))
+        z = consolidate(zset(self._own_keys(good, side), row_codec.encode(good), weights(good)))
+        rows = row_codec.decode(z["val"])
+        alone = nulls = None
+        if self.padded[side] and not (key_ok & time_ok).all():
+            bad = delta.filter(pa.array(~(key_ok & time_ok)))
+            bad = bad.select(row_codec.columns + [W]).cast(
+                pa.schema(list(row_codec.schema) + [pa.field(W, pa.int64())]))
+            alone = self._alone_rows(bad, side, bad[W])
+            stored = delta.filter(pa.array(~key_ok & time_ok))
+            nulls = consolidate(zset(self._own_keys(stored, side),
+                                     _with_counts(np.zeros(stored.num_rows, np.int64),
+                                                  row_codec.encode(stored)), weights(stored)))
+        return _Delta(z, rows, alone, nulls)
 
-    def _probe(self, z: pa.Table, side: int, lookup) -> tuple[pa.Table, pa.Table]:
-        """(probe table: the key and row index of each of z's probes, the other side's rows
-        found under those keys) — a row probes its two candidate slots (one if they agree)."""
-        if z.num_rows == 0:
-            empty = zset([], [], [])
-            return pa.table({"key": empty["key"], "i": pa.array([], pa.int64())}), empty
-        rows = (self.lrow if side == 0 else self.rrow).decode(z["val"])
-        t = _micros(rows[self.lt if side == 0 else self.rt])
-        ek = pc.binary_slice(as_array(z["key"]), 8, 1 << 30)
+    def _own_keys(self, rows: pa.Table, side: int) -> pa.Array:
+        return keys.concat_binary(slot_bytes(self._time(rows, side) // self.width),
+                                  self._codecs(side)[0].encode(rows))
+
+    def _alone_rows(self, rows: pa.Table, side: int, w) -> pa.Table:
+        return self._rows(rows, None, w) if side == 0 else self._rows(None, rows, w)
+
+    def _probes(self, rows: pa.Table, z: pa.Table, side: int) -> pa.Table:
+        """The key and row index of each of z's probes of the other side: a row probes its
+        two candidate slots (one if they agree)."""
+        t = self._time(rows, side)
+        ek = as_array(pc.binary_slice(as_array(z["key"]), 8, 1 << 30))
         lo, hi = self._probe_slots(t, side)
         two = hi != lo
         idx = np.arange(z.num_rows, dtype=np.int64)
-        slots = np.concatenate([lo, hi[two]])
-        probes = pa.table({"key": keys.concat_binary(slot_bytes(slots), pa.concat_arrays(
-            [as_array(ek), as_array(ek).filter(pa.array(two))])),
-                           "i": np.concatenate([idx, idx[two]])})
-        return probes, lookup(as_array(pc.unique(probes["key"])))
+        return pa.table({"key": keys.concat_binary(slot_bytes(np.concatenate([lo, hi[two]])),
+                                                   pa.concat_arrays([ek, ek.filter(
+                                                       pa.array(two))])),
+                         "i": pa.array(np.concatenate([idx, idx[two]]), pa.int64())})
 
-    def _matches(self, z: pa.Table, side: int, probes: pa.Table, found: pa.Table) -> pa.Table:
-        """Output rows of z's rows x the found rows of the other side whose times fit."""
+    def _lookup(self, state: StateSpine, probes: pa.Table, own: pa.Table | None,
+                side: int) -> pa.Table:
+        """One side's stored rows under the other side's probe keys (and, for a counted side,
+        under its own delta's keys: their old weights and counts), as key, val (the row), w,
+        m (0 on an uncounted side) and raw (the stored val)."""
+        want = [as_array(probes["key"])] + ([as_array(own["key"])] if own is not None else [])
+        wanted = as_array(pc.unique(pa.concat_arrays(want)))
+        found = state.lookup_many(wanted) if len(wanted) else ZSET_SCHEMA.empty_table()
+        return self._entries(found, side)
+
+    def _entries(self, found: pa.Table, side: int) -> pa.Table:
+        raw = as_array(found["val"])
+        if self.counted[side]:
+            val, m = _split_counts(raw)
+        else:
+            val, m = raw, np.zeros(len(raw), np.int64)
+        return pa.table({"key": as_array(found["key"]), "val": val,
+                         "w": as_array(found["w"]), "m": pa.array(m, pa.int64()), "raw": raw})
+
+    def _fit(self, rows: pa.Table, z: pa.Table, side: int, probes: pa.Table,
+             found: pa.Table) -> _Pairs | None:
+        """z's rows x the found rows of the other side under their probe keys, where the
+        times fit."""
         if probes.num_rows == 0 or found.num_rows == 0:
-            return self._empty()
-        j = probes.join(found, "key", join_type="inner", use_threads=False)
+            return None
+        j = probes.join(found.select(["key", "val", "w"]), "key", join_type="inner",
+                        use_threads=False)
         if j.num_rows == 0:
-            return self._empty()
-        mine = (self.lrow if side == 0 else self.rrow).decode(
-            as_array(z["val"]).take(j["i"]))
-        theirs = (self.rrow if side == 0 else self.lrow).decode(j["val"])
+            return None
+        at = as_array(j["i"])
+        mine = rows.take(at)
+        theirs = self._codecs(1 - side)[1].decode(j["val"])
+        mine_v, theirs_v = as_array(z["val"]).take(at), as_array(j["val"])
+        mine_w, theirs_w = as_array(z["w"]).take(at), as_array(j["w"])
         lrows, rrows = (mine, theirs) if side == 0 else (theirs, mine)
-        lt, rt = _micros(lrows[self.lt]), _micros(rrows[self.rt])
+        lt, rt = self._time(lrows, 0), self._time(rrows, 1)
         fit = pa.array((rt >= lt + self.lower) & (rt <= lt + self.upper))
-        w = pc.multiply(as_array(z["w"]).take(j["i"]), as_array(j["w"]))
-        return self._rows(lrows.filter(fit), rrows.filter(fit), pc.filter(w, fit))
+        enc = pa.table({"lv": mine_v, "rv": theirs_v, "lw": mine_w, "rw": theirs_w} if side == 0
+                       else {"lv": theirs_v, "rv": mine_v, "lw": theirs_w, "rw": mine_w})
+        return _Pairs(lrows.filter(fit), rrows.filter(fit), enc.filter(fit))
 
+    def _pair_rows(self, p: _Pairs | None) -> pa.Table:
+        if p is None or p.enc.num_rows == 0:
+            return self._empty()
+        return self._rows(p.lrows, p.rrows, pc.multiply(p.enc["lw"], p.enc["rw"]))
+
+    def _recount(self, side: int, z: pa.Table, found: pa.Table, new_old: _Pairs | None,
+                 old_new: _Pairs | None, new_new: _Pairs | None) -> tuple[pa.Table, pa.Table]:
+        """A counted side's rows alone (output) and state update: for every row of its delta
+        and every stored row a delta row of the other side matched, f(m') L' - f(m) L out,
+        the entry (m, v, L) replaced by (m', v, L')."""
+        mine, other_w = ("lv", "rw") if side == 0 else ("rv", "lw")
+        if side == 1:  # for the right side, "new x old" is L x dR and "old x new" dL x R
+            new_old, old_new = old_new, new_old
+        touched = [as_array(z["val"])] + ([as_array(old_new.enc[mine])] if old_new else [])
+        vals = as_array(pc.unique(pa.concat_arrays(touched)))
+        n = len(vals)
+
+        def ids(col) -> tuple[np.ndarray, np.ndarray]:
+            i = as_array(pc.index_in(as_array(col), value_set=vals))
+            return _valid(i), np.asarray(i.fill_null(0).to_numpy(zero_copy_only=False),
+                                         np.int64)
+
+        def matched(p: _Pairs | None) -> np.ndarray:
+            if p is None:
+                return np.zeros(n, np.int64)
+            _, i = ids(p.enc[mine])
+            return group_sum(i, _ints(p.enc[other_w]), n)
+
+        _, zid = ids(z["val"])
+        f_ok, fid = ids(found["val"])
+        old = found.filter(pa.array(f_ok))
+        fid = fid[f_ok]
+        in_delta = np.zeros(n, bool)
+        in_delta[zid] = True
+        stored_m = np.zeros(n, np.int64)
+        stored_m[fid] = _ints(old["m"])
+        old_w = _ints(old["w"])
+        m_old = np.where(in_delta, matched(new_old), stored_m)
+        m_new = m_old + np.where(in_delta, matched(new_new), matched(old_new))
+        w_new = group_sum(fid, old_w, n) + group_sum(zid, _ints(z["w"]), n)
+        out_w = (self._alone(m_new) * w_new
+                 - group_sum(fid, self._alone(_ints(old["m"])) * old_w, n))
+        # every touched row is stored or in the delta: the first of its keys is its key
+        first = np.unique(np.concatenate([fid, zid]), return_index=True)[1]
+        key_of = pa.concat_arrays([as_array(old["key"]), as_array(z["key"])]).take(
+            pa.array(first))
+        live = w_new != 0
+        update = pa.concat_tables([
+            zset(old["key"], old["raw"], -old_w),
+            zset(key_of.filter(pa.array(live)),
+                 _with_counts(m_new[live], vals.filter(pa.array(live))), w_new[live])])
+        emit = out_w != 0
+        rows = self._codecs(side)[1].decode(vals.filter(pa.array(emit)))
+        return (self._alone_rows(rows, side, pa.array(out_w[emit])), consolidate(update))
+
+    # ---- event time ---------------------------------------------------------------------
     def expire(self, states, below: bytes, emit: bool) -> pa.Table:
-        """Delete each side's slots below its bound (``expiry_bounds``): rows no non-late row
-        of the other side can match. The pairs they made stay output."""
-        if emit:
-            raise InvalidInput("an interval join emits changes, not final rows: mode='update'")
-        for state, bound in zip(states, (below[:8], below[8:]), strict=True):
+        """Delete each side's slots below its bound (``expiry_bounds``): final rows. With
+        ``emit`` (append mode) return what they contribute, now final: counted rows alone
+        where f(m), and pairs with a row that was not final before."""
+        if not below:  # no watermark yet: nothing is final
+            return self._empty()
+        bounds = (below[:8], below[8:16])
+        out = self._final(states, bounds) if emit else self._empty()
+        for state, bound in zip(states, bounds, strict=True):
             _delete_below(state, bound)
-        return self._empty()
+        return out
+
+    def _final(self, states, bounds: tuple[bytes, bytes]) -> pa.Table:
+        gone = [self._scan(states[s], bounds[s], s) for s in (0, 1)]
+        parts = []
+        for s in (0, 1):
+            if self.counted[s]:
+                e = gone[s].filter(pa.array(self._alone(_ints(gone[s]["m"]))))
+                parts.append(self._alone_rows(self._codecs(s)[1].decode(e["val"]), s, e["w"]))
+        if not self.semi:
+            for s in (0, 1):
+                z, rows = self._matchable(gone[s], s)
+                if not z.num_rows:
+                    continue
+                probes = self._probes(rows, z, s)
+                found = self._lookup(states[1 - s], probes, None, 1 - s)
+                if s == 1:  # pairs with a final left row came out with it
+                    found = found.filter(pc.greater_equal(found["key"],
+                                                          pa.scalar(bounds[0], pa.binary())))
+                parts.append(self._pair_rows(self._fit(rows, z, s, probes, found)))
+        parts = [p for p in parts if p.num_rows]
+        if not parts:
+            return self._empty()
+        return consolidate_rows(pa.concat_tables(parts), self.out_codec)
+
+    def _scan(self, state, bound: bytes, side: int) -> pa.Table:
+        found = list(state.scan(b"", bound))
+        t = pa.concat_tables(found) if found else ZSET_SCHEMA.empty_table()
+        return self._entries(t, side)
+
+    def _matchable(self, e: pa.Table, side: int) -> tuple[pa.Table, pa.Table]:
+        """(key, val, w) of stored rows that can match (not a NULL key), and their rows."""
+        rows = self._codecs(side)[1].decode(e["val"])
+        key_ok, _ = self._masks(rows, side)
+        ok = pa.array(key_ok)
+        return e.select(["key", "val", "w"]).filter(ok), rows.filter(ok)
+
+
+def _with_counts(m: np.ndarray, rows: pa.Array) -> pa.Array:
+    """val of a counted side's entry: m (8 bytes, big-endian), then the row."""
+    return keys.concat_binary(_fixed8(np.asarray(m, ">i8")), rows)
+
+
+def _split_counts(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(rows, m) of a counted side's stored vals."""
+    if len(raw) == 0:
+        return raw, np.zeros(0, np.int64)
+    head = as_array(pc.binary_slice(raw, 0, COUNT_BYTES)).cast(pa.binary(COUNT_BYTES))
+    m = np.frombuffer(head.buffers()[1], ">i8", count=len(head),
+                      offset=head.offset * COUNT_BYTES).astype(np.int64)
+    return as_array(pc.binary_slice(raw, COUNT_BYTES, 1 << 30)), m
 
 
 def _take_keys(z: pa.Table, wanted: pa.Array) -> pa.Table:
