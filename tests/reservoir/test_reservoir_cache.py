@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from headrace.reservoir import CacheFull, ReservoirOptions, ReservoirStorage
+from headrace.reservoir import ReservoirOptions, ReservoirStorage
 from headrace.reservoir.cache import LocalCache
 from headrace.reservoir.formats.datafile import BlobFileWriter
 from headrace.store import CountingStore, LocalStore
@@ -79,19 +79,35 @@ def test_proactive_eviction_from_80_percent(tmp_path):
     cache.close()
 
 
-def test_waits_when_everything_is_pinned_then_gives_up(tmp_path):
-    store = LocalStore(tmp_path / "s", fsync=False)
+def test_a_download_without_room_serves_its_reads_and_is_not_admitted(tmp_path):
+    """Everything pinned (a read in progress): a miss must not wait or fail — it reads from
+    the downloaded bytes and leaves the cache as it was (before: a 60 s wait, then CacheFull
+    failed the read; a capacity run at 2M keys with a 6 MB cache died of it)."""
+    store = CountingStore(LocalStore(tmp_path / "s", fsync=False))
     files = _files(store, 2)
     cache = _cache(tmp_path, store, files[1][0] + 10, cache_evict_from=1.0)
     _read(cache, files, 1)
     entry = cache._acquire(1, files[1][0], files[1][1])  # pinned: a read in progress
-    with pytest.raises(CacheFull):
-        _read(cache, files, 2)
-    released = threading.Timer(0.1, cache._release, args=(entry,))
-    entry2 = cache._acquire(1, files[1][0], files[1][1])
-    cache._release(entry2)
-    released.start()
-    assert _read(cache, files, 2) == bytes([2]) * 4000  # waited for the pin to go, then evicted
+    t0 = time.perf_counter()
+    assert _read(cache, files, 2) == bytes([2]) * 4000
+    assert time.perf_counter() - t0 < 0.25  # the 0.3 s wait timeout was not waited for
+    assert cache.metrics()["bypassed"] == 1
+    assert {int(p.name[:16], 16) for p in (tmp_path / "cache").glob("*.dat")} == {1}
+    cache._release(entry)
+    assert _read(cache, files, 2) == bytes([2]) * 4000  # room now: admitted, 1 evicted
+    assert {int(p.name[:16], 16) for p in (tmp_path / "cache").glob("*.dat")} == {2}
+    cache.close()
+
+
+def test_a_writer_registering_a_file_waits_for_a_pin_to_go(tmp_path):
+    store = LocalStore(tmp_path / "s", fsync=False)
+    files = _files(store, 2)
+    cache = _cache(tmp_path, store, files[1][0] + 10, cache_evict_from=1.0)
+    _read(cache, files, 1)
+    entry = cache._acquire(1, files[1][0], files[1][1])
+    threading.Timer(0.1, cache._release, args=(entry,)).start()
+    cache.register(2, files[2][1], store.get("d/2").data)  # waits for the pin, then evicts 1
+    assert {int(p.name[:16], 16) for p in (tmp_path / "cache").glob("*.dat")} == {2}
     cache.close()
 
 

@@ -8,8 +8,10 @@
   fails after a verified download is the local disk's fault: the error names the cache file.
 - A file larger than the whole cache is never cached: its pages are read with ranged GETs.
 - Eviction: least recently used first, but among the oldest few the least frequently used goes;
-  a background thread evicts once the cache passes ``cache_evict_from`` (80%) of its size; a
-  download that finds no evictable space waits (pinned files are in use) up to a timeout.
+  a background thread evicts once the cache passes ``cache_evict_from`` (80%) of its size. A
+  download that finds no room (the rest pinned or reserved by other downloads) is not admitted:
+  the reads waiting for it are served from the downloaded bytes (``stats["bypassed"]``) — a
+  busy cache never fails a read. A file a writer registers waits for room up to a timeout.
 - Epochs (``new_epoch``; a reader following a stream starts one per version, i.e. per
   micro-batch): a streaming job reads the same files in the same order every batch, and when
   they do not all fit, LRU evicts exactly the file the scan needs next — every read misses.
@@ -120,7 +122,7 @@ class LocalCache:
         self.hits = 0
         self.epoch = 0  # 0: epochs not in use (plain LRU + frequency)
         self.stats = {"misses": 0, "downloads": 0, "evictions": 0, "healed": 0,
-                      "registered": 0, "bytes_downloaded": 0}
+                      "registered": 0, "bytes_downloaded": 0, "bypassed": 0}
 
     def new_epoch(self) -> None:
         """Start the next pass over the data (a micro-batch): see the module docstring."""
@@ -182,6 +184,13 @@ class LocalCache:
                 entry = self._acquire(file_id, file_size, file_crc)
             except _Uncacheable:
                 return self._read_direct(file_id, off, size, page_crc)
+            if not isinstance(entry, _Entry):  # no room: the download's bytes, crc64-checked
+                data = bytes(memoryview(entry)[off:off + size])
+                if len(data) != size or crc32(data) != page_crc:
+                    raise ChecksumMismatch(self.key_of(file_id), off,
+                                           f"crc32 of page at [{off}, {off + size})",
+                                           expected=page_crc, actual=crc32(data))
+                return data
             try:
                 data = entry.read(off, size)
             finally:
@@ -225,14 +234,15 @@ class LocalCache:
         finally:
             self._release(e)
 
-    def register(self, file_id: int, crc: int, data) -> None:
+    def register(self, file_id: int, crc: int, data, *, wait: bool = True) -> None:
         """Admit a file this process has just written (no download needed); ``data`` is bytes
-        or a list/tuple of parts, as a store put takes them."""
+        or a list/tuple of parts, as a store put takes them. Without room (after waiting up to
+        ``cache_wait_timeout_s`` for pins to go, if ``wait``) it is not admitted."""
         size = payload_size(data)
         if size > self.max_bytes:
             return
         try:
-            self._reserve(size)
+            self._reserve(size, self.opts.cache_wait_timeout_s if wait else 0.0)
         except CacheFull:
             return
         try:
@@ -273,7 +283,9 @@ class LocalCache:
         self.stats["evictions"] += 1
         self._space.notify_all()
 
-    def _acquire(self, file_id: int, file_size: int, file_crc: int) -> _Entry:
+    def _acquire(self, file_id: int, file_size: int, file_crc: int) -> _Entry | bytes:
+        """The file's entry, pinned (release it); or, when the cache had no room for it, the
+        file's bytes from the download."""
         while True:
             with self._lock:
                 e = self._entries.get(file_id)
@@ -291,7 +303,9 @@ class LocalCache:
                     fut = self._pool.submit(self._download, file_id, file_size, file_crc)
                     self._inflight[file_id] = fut
                     fut.add_done_callback(lambda _f, fid=file_id: self._done(fid))
-            fut.result()  # raises the download's error to every waiter
+            unadmitted = fut.result()  # raises the download's error to every waiter
+            if unadmitted is not None:
+                return unadmitted
 
     def _done(self, file_id: int) -> None:
         with self._lock:
@@ -303,7 +317,9 @@ class LocalCache:
             if e.pins == 0:
                 self._space.notify_all()
 
-    def _download(self, file_id: int, file_size: int, file_crc: int) -> None:
+    def _download(self, file_id: int, file_size: int, file_crc: int) -> bytes | None:
+        """Fetch, check and admit a file: None once admitted; its bytes when there was no
+        room (the waiting reads use them; the next miss downloads again)."""
         key = self.key_of(file_id)
         data = b""
         for attempt in (1, 2):
@@ -322,10 +338,12 @@ class LocalCache:
             self._uncacheable.add(file_id)
             raise _Uncacheable(key)
         self.evict(file_id)
-        self.register(file_id, file_crc, data)
+        self.register(file_id, file_crc, data, wait=False)
         with self._lock:
-            if file_id not in self._entries:
-                raise CacheFull(f"no cache space for {key} ({len(data)} bytes)")
+            if file_id in self._entries:
+                return None
+            self.stats["bypassed"] += 1
+        return data
 
     def _write(self, file_id: int, crc: int, data) -> Path:
         path = self.dir / f"{file_id:016x}-{crc:016x}.dat"
@@ -335,16 +353,15 @@ class LocalCache:
         os.replace(tmp, path)
         return path
 
-    def _reserve(self, size: int) -> None:
+    def _reserve(self, size: int, wait_s: float) -> None:
         with self._lock:
-            deadline_wait = self.opts.cache_wait_timeout_s
             while self._used + self._reserved + size > self.max_bytes:
                 victim = self._victim()
                 if victim is not None:
                     del self._entries[victim.file_id]
                     self._drop(victim)
                     continue
-                if not self._space.wait(timeout=deadline_wait):
+                if wait_s <= 0 or not self._space.wait(timeout=wait_s):
                     raise CacheFull(f"cache full ({self._used} bytes pinned or reserved)")
             self._reserved += size
 
