@@ -211,15 +211,16 @@ def _clicks(seed: int, lo_s: float, hi_s: float, n: int, kind: str) -> list[dict
             for i in range(n)]
 
 
-@pytest.mark.parametrize("how, mode", [("left", "update"), ("full", "append")])
-def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tmp_path, how,
-                                                                       mode):
+JOINS = (("left", "update"), ("full", "append"))  # one pipeline runs both
+
+
+def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tmp_path):
     """Views within [click - 5 s, click + 10 s] of a click on the same ad, in three waves
     (each a restart); the second holds rows behind the watermark (late: dropped, counted),
     the third only rows ~1000 s later on ads that match nothing, which moves the watermark past
-    every earlier row. Update mode: the shard equals Spark batch SQL over every row not late;
-    append mode: each row once, never retracted, equal to Spark over the first two waves'
-    rows (final), none of the third's (not final)."""
+    every earlier row. A left join to an update sink: the shard equals Spark batch SQL over every
+    row not late; a full join to an append sink: each row once, never retracted, equal to Spark
+    over the first two waves' rows (final), none of the third's (not final)."""
     from headrace.pipeline.runner import Pipeline
 
     F = _f()
@@ -241,32 +242,37 @@ def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tm
         src = p.read_queue("in", CLICKS)
         clicks = src["click"].with_watermark("ct", "5 seconds")
         views = src["view"].with_watermark("vt", "5 seconds")
-        clicks.join(views, on="ad", how=how, time_columns=("ct", "vt"),
-                    within=("-5 seconds", "10 seconds")).write_shard("out", mode=mode)
+        for how, mode in JOINS:
+            clicks.join(views, on="ad", how=how, time_columns=("ct", "vt"),
+                        within=("-5 seconds", "10 seconds"), name=f"j_{how}").write_shard(
+                f"out_{how}", mode=mode)
         p.run(until_idle=True)
-        if wave is second:  # metrics are the run's
-            assert p.metrics["late_rows"] == late
+        if wave is second:  # metrics are the run's (each join drops and counts them)
+            assert p.metrics["late_rows"] == len(JOINS) * late
 
-    def batch(frames):
-        c, v = frames["click"].alias("c"), frames["view"].alias("v")
-        on = (F.col("c.ad") == F.col("v.ad")) & F.expr(
-            "v.vt BETWEEN c.ct - INTERVAL 5 SECONDS AND c.ct + INTERVAL 10 SECONDS")
-        key = {"right": F.col("v.ad"), "full": F.coalesce("c.ad", "v.ad")}.get(how,
-                                                                                F.col("c.ad"))
-        return c.join(v, on, how).select(key.alias("ad"), "c.ct", "c.c", "v.vt", "v.v")
+    for how, mode in JOINS:
+        def batch(frames, how=how):
+            c, v = frames["click"].alias("c"), frames["view"].alias("v")
+            on = (F.col("c.ad") == F.col("v.ad")) & F.expr(
+                "v.vt BETWEEN c.ct - INTERVAL 5 SECONDS AND c.ct + INTERVAL 10 SECONDS")
+            key = {"right": F.col("v.ad"), "full": F.coalesce("c.ad", "v.ad")}.get(
+                how, F.col("c.ad"))
+            return c.join(v, on, how).select(key.alias("ad"), "c.ct", "c.c", "v.vt", "v.v")
 
-    rows = kept if mode == "append" else {k: kept[k] + third[k] for k in kept}
-    equal, why = rows_equal(p.read_shard("out"), batch_result(spark, CLICKS, rows, batch))
-    assert equal, why
-    if mode == "append":
-        shard = p.persist.read_only("out").snapshot(p.persist.upper("out") - 1)
-        assert set(shard["diff"].to_pylist()) == {1}  # each row once, never retracted
-    join = next(n for n in p.nodes if getattr(n, "kind", "") == "join")
-    # the first two waves' rows are final: the state holds the third wave's only (a key
-    # leads with its slot: 8 bytes, big-endian, sign bit flipped; slots are 15 s wide)
-    third_us = (BASE - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-                + dt.timedelta(seconds=1000 - 15)) // dt.timedelta(microseconds=1)
-    for side in (0, 1):
-        slots = [int.from_bytes(k[:8], "big") ^ (1 << 63)
-                 for k in _state_keys(p, join, side).to_pylist()]
-        assert slots and min(slots) * 15_000_000 >= third_us, (side, slots)
+        rows = kept if mode == "append" else {k: kept[k] + third[k] for k in kept}
+        equal, why = rows_equal(p.read_shard(f"out_{how}"),
+                                batch_result(spark, CLICKS, rows, batch))
+        assert equal, (how, why)
+        if mode == "append":
+            shard = p.persist.read_only(f"out_{how}").snapshot(
+                p.persist.upper(f"out_{how}") - 1)
+            assert set(shard["diff"].to_pylist()) == {1}  # each row once, never retracted
+        join = next(n for n in p.nodes if n.name == f"j_{how}")
+        # the first two waves' rows are final: the state holds the third wave's only (a key
+        # leads with its slot: 8 bytes, big-endian, sign bit flipped; slots are 15 s wide)
+        third_us = (BASE - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+                    + dt.timedelta(seconds=1000 - 15)) // dt.timedelta(microseconds=1)
+        for side in (0, 1):
+            slots = [int.from_bytes(k[:8], "big") ^ (1 << 63)
+                     for k in _state_keys(p, join, side).to_pylist()]
+            assert slots and min(slots) * 15_000_000 >= third_us, (how, side, slots)

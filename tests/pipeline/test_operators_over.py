@@ -3,145 +3,28 @@ edge cases."""
 
 from __future__ import annotations
 
-import functools
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pyarrow as pa
 import pytest
-from conformance import (  # noqa: I001  (tests/pipeline is on sys.path)
+from conformance import (  # (tests/pipeline is on sys.path)
     I64_MAX,
     INF,
     NAN,
     DictZSet,
-    ExpectOverflow,
     KernelConformance,
     canon,
-    canon_row,
     fixed_stream,
     out_counter,
     table,
 )
+from over_model import Model
 
 from headrace.errors import InvalidInput
 from headrace.pipeline import keys
 from headrace.pipeline.operators import build
 from headrace.pipeline.operators.base import ArithmeticOverflow
 from headrace.pipeline.operators.over import OrderKey, OverKernel, WindowFn
-
-# ---- a pure-Python model of Spark's window functions -----------------------------------
-
-
-def _cmp_values(a, b) -> int:
-    """Spark's order of two non-NULL values: -0.0 = 0.0, NaN = NaN and above every number,
-    strings by code point (= UTF-8 bytes)."""
-    if isinstance(a, float):
-        an, bn = a != a, b != b
-        if an or bn:
-            return int(an) - int(bn)
-    return (a > b) - (a < b)
-
-
-def _cmp_key(a, b, desc: bool, nulls_first: bool) -> int:
-    if a is None or b is None:
-        if a is None and b is None:
-            return 0
-        return (-1 if a is None else 1) * (1 if nulls_first else -1)
-    c = _cmp_values(a, b)
-    return -c if desc else c
-
-
-def _norm(v):
-    if isinstance(v, float):
-        return 0.0 if v == 0 else (NAN if v != v else v)
-    return v
-
-
-class Model:
-    """Spark SQL's result of ``SELECT *, f1 OVER w, ...`` over rows (tuples of ``schema``)."""
-
-    def __init__(self, schema: pa.Schema, partition_by, order_by, funcs):
-        self.schema, self.funcs = schema, funcs
-        self.pidx = [schema.names.index(c) for c in partition_by]
-        self.order = [(schema.names.index(o.column), o.descending, o.nulls_go_first)
-                      for o in order_by]
-        self.codec = keys.RowCodec(schema)
-
-    def _order_cmp(self, a, b) -> int:
-        for i, desc, nf in self.order:
-            c = _cmp_key(a[i], b[i], desc, nf)
-            if c:
-                return c
-        return 0
-
-    def rows(self, net: list[tuple], overflow_steps: bool = False):
-        """Output rows; with ``overflow_steps`` instead True when a long sum's running value
-        (Spark's fold) leaves the long range in some frame."""
-        parts = defaultdict(list)
-        for r in net:
-            parts[canon_row(_norm(r[i]) for i in self.pidx)].append(r)
-        out: Counter = Counter()
-        step_overflow = False
-        for rows in parts.values():
-            # ties on every order key: by the row's encoding (the kernel's documented rule)
-            enc = {r: self.codec.encode(table([r], None, self.schema))[0].as_py()
-                   for r in set(rows)}
-
-            def cmp(a, b, enc=enc):
-                return self._order_cmp(a, b) or (enc[a] > enc[b]) - (enc[a] < enc[b])
-
-            rows = sorted(rows, key=functools.cmp_to_key(cmp))
-            for pos, r in enumerate(rows):
-                vals = []
-                for fn in self.funcs:
-                    if fn.func == "row_number":
-                        vals.append(pos + 1)
-                    elif fn.func == "rank":
-                        vals.append(1 + sum(1 for q in rows[:pos] if self._order_cmp(q, r)))
-                    elif fn.func == "dense_rank":
-                        keys_before = [q for q in rows[:pos] if self._order_cmp(q, r)]
-                        distinct = []
-                        for q in keys_before:
-                            if not distinct or self._order_cmp(distinct[-1], q):
-                                distinct.append(q)
-                        vals.append(1 + len(distinct))
-                    else:
-                        lo = 0 if fn.preceding is None else max(0, pos - fn.preceding)
-                        frame = rows[lo:pos + 1]
-                        v, over = self._agg(fn, frame)
-                        step_overflow |= over
-                        vals.append(v)
-                out[canon_row((*r, *vals))] += 1
-        return step_overflow if overflow_steps else out
-
-    def _agg(self, fn, frame):
-        if fn.column is None:
-            return len(frame), False
-        i = self.schema.names.index(fn.column)
-        xs = [r[i] for r in frame if r[i] is not None]
-        if fn.func == "count":
-            return len(xs), False
-        if not xs:
-            return None, False
-        if fn.func in ("min", "max"):
-            best = xs[0]
-            for x in xs[1:]:  # the first extreme in frame order stays (greatest/least)
-                c = _cmp_values(x, best)
-                if (c > 0 and fn.func == "max") or (c < 0 and fn.func == "min"):
-                    best = x
-            return best, False
-        if fn.func == "sum" and pa.types.is_integer(self.schema.field(fn.column).type):
-            acc, over = 0, False
-            for x in xs:
-                acc += x
-                over |= not (-(2**63) <= acc < 2**63)
-            if not (-(2**63) <= acc < 2**63):
-                raise ExpectOverflow
-            return acc, over
-        acc = 0.0
-        for x in xs:
-            acc = acc + float(x)
-        return (acc / len(xs) if fn.func == "avg" else acc), False
-
 
 # ---- conformance: row_number and rolling aggregates over a total order ------------------
 
@@ -151,7 +34,15 @@ ROLL_ORDER = [OrderKey("o"), OrderKey("s", descending=True), OrderKey("v")]
 ROLL_FUNCS = [WindowFn("row_number", None, "rn"), WindowFn("sum", "o", "so", 2),
               WindowFn("avg", "v", "av", 1), WindowFn("min", "v", "mn", 2),
               WindowFn("max", "s", "mx"), WindowFn("sum", "v", "sv"),
-              WindowFn("count", "v", "cv", 1), WindowFn("count", None, "n", 3)]
+              WindowFn("count", "v", "cv", 1), WindowFn("count", None, "n", 3),
+              # frames ending after the current row, Spark's default (RANGE) frame, lag/lead
+              WindowFn("sum", "o", "sf", ["rows", -1, 2]),
+              WindowFn("max", "v", "mf", ["rows", 1, None]),
+              WindowFn("sum", "v", "sb", ["rows", -2, -1]),
+              WindowFn("min", "s", "mu", ["rows", None, None]),
+              WindowFn("avg", "v", "ad", ["range", None, 0]),
+              WindowFn("count", None, "nf", ["range", 0, None]),
+              WindowFn("lag", "s", "lg", [2, "zz"]), WindowFn("lead", "v", "ld", [1, None])]
 _W = "PARTITION BY p ORDER BY o, s DESC, v"
 ROLL_SQL = (f"SELECT *, row_number() OVER ({_W}) AS rn, "
             f"sum(o) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS so, "
@@ -160,7 +51,15 @@ ROLL_SQL = (f"SELECT *, row_number() OVER ({_W}) AS rn, "
             f"max(s) OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS mx, "
             f"sum(v) OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sv, "
             f"count(v) OVER ({_W} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS cv, "
-            f"count(*) OVER ({_W} ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS n FROM in0")
+            f"count(*) OVER ({_W} ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS n, "
+            f"sum(o) OVER ({_W} ROWS BETWEEN 1 PRECEDING AND 2 FOLLOWING) AS sf, "
+            f"max(v) OVER ({_W} ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS mf, "
+            f"sum(v) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND 1 PRECEDING) AS sb, "
+            f"min(s) OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) "
+            "AS mu, "
+            f"avg(v) OVER ({_W}) AS ad, "
+            f"count(*) OVER ({_W} RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nf, "
+            f"lag(s, 2, 'zz') OVER ({_W}) AS lg, lead(v) OVER ({_W}) AS ld FROM in0")
 P_VALUES = [1, 2, None]
 O_VALUES = [0, 1, 2, -3, None]
 S_VALUES = ["a", "b", "", None, "\x00"]
@@ -241,6 +140,58 @@ class TestOverRanks(KernelConformance):
         ], restarts=[False, True, False, False])
 
 
+# ---- conformance: RANGE frames over ties (peers) ---------------------------------------
+
+PEERS = pa.schema([("p", pa.int64()), ("o", pa.int64()), ("x", pa.int64()), ("s", pa.string())])
+PEER_ORDER = [OrderKey("o", descending=True)]
+PEER_FUNCS = [WindowFn("sum", "x", "run", ["range", None, 0]),
+              WindowFn("count", None, "n", ["range", None, 0]),
+              WindowFn("avg", "x", "rest", ["range", 0, None]),
+              WindowFn("min", "s", "peer_min", ["range", 0, 0]),
+              WindowFn("max", "x", "all_max", ["range", None, None]),
+              WindowFn("rank", None, "rk")]
+_PW = "PARTITION BY p ORDER BY o DESC"
+PEER_SQL = (f"SELECT *, sum(x) OVER ({_PW}) AS run, count(*) OVER ({_PW}) AS n, "
+            f"avg(x) OVER ({_PW} RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest, "
+            f"min(s) OVER ({_PW} RANGE BETWEEN CURRENT ROW AND CURRENT ROW) AS peer_min, "
+            f"max(x) OVER ({_PW} RANGE BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) "
+            "AS all_max, "
+            f"rank() OVER ({_PW}) AS rk FROM in0")
+
+
+class TestOverPeers(KernelConformance):
+    """Spark's default frame and RANGE frames: ties in ORDER BY (NULLs tie with NULLs) are in
+    each other's frames. The values are integers and strings, so no result depends on the
+    order among peers (which Spark leaves open)."""
+
+    schemas = [PEERS]
+    sql = PEER_SQL
+    model_ = Model(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
+    test_matches_spark = None  # the awkward stream is this class's one Spark check (budget)
+
+    def make_kernel(self):
+        return OverKernel(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
+
+    def model(self, net):
+        return self.model_.rows(net[0])
+
+    def spark_may_raise(self, net):
+        return self.model_.rows(net[0], overflow_steps=True)
+
+    def value_lists(self, input_index, spark):
+        return [[1, 2, None], [0, 1, 1, None], [5, -3, None, 7], ["a", "b", None]]
+
+    def awkward_stream(self):
+        pool = [[(1, 1, 5, "b"), (1, 1, -3, "a"), (1, None, 7, None), (1, 0, None, "c"),
+                 (1, None, 2, "d"), (2, 1, I64_MAX, "x"), (2, 1, 1, "y")]]
+        return fixed_stream(pool, [
+            [[(0, 1), (1, 1), (2, 1)]],  # two peers at o = 1, NULL last (DESC)
+            [[(3, 1), (4, 2)]],  # NULL order keys are peers of each other
+            [[(1, -1), (4, -1)]],  # a retracted peer changes every peer's running total
+            [[(5, 1), (6, 1)]],  # I64_MAX + 1 among peers: the running sum overflows
+        ], restarts=[False, True, False, False])
+
+
 # ---- edge cases ------------------------------------------------------------------------
 
 SIMPLE = pa.schema([("k", pa.string()), ("t", pa.int64()), ("x", pa.int64())])
@@ -265,6 +216,47 @@ def test_a_retraction_in_the_middle_shifts_the_rows_after_it():
         ("a", 3, 30, 3, 50): -1, ("a", 3, 30, 2, 40): 1,
         ("a", 4, 40, 4, 70): -1, ("a", 4, 40, 3, 70): 1}
     assert ("a", 1, 10, 1, 10) not in _rows(out)  # the row before it is untouched
+
+
+def test_the_default_frame_includes_the_current_rows_peers():
+    """Spark's frame for ``orderBy`` without ``rowsBetween``: RANGE BETWEEN UNBOUNDED
+    PRECEDING AND CURRENT ROW, so rows tied on t share one running total."""
+    k = _simple([WindowFn("sum", "x", "run", ["range", None, 0])])
+    state = DictZSet()
+    rows = [("a", 1, 10), ("a", 2, 20), ("a", 2, 30), ("a", 3, 40)]
+    out = k.apply([table(rows, [1] * 4, SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 10, 10): 1, ("a", 2, 20, 60): 1, ("a", 2, 30, 60): 1,
+                          ("a", 3, 40, 100): 1}
+    out = k.apply([table([("a", 2, 30)], [-1], SIMPLE)], [state])
+    assert _rows(out) == {("a", 2, 30, 60): -1, ("a", 2, 20, 60): -1, ("a", 2, 20, 30): 1,
+                          ("a", 3, 40, 100): -1, ("a", 3, 40, 70): 1}
+
+
+def test_a_retraction_changes_the_frames_that_end_after_it():
+    """Frames reaching past the current row: retracting t=3 changes the rows before it."""
+    k = _simple([WindowFn("sum", "x", "s_next", ["rows", 0, 1]),
+                 WindowFn("count", None, "after", ["rows", 1, None])])
+    state = DictZSet()
+    out = k.apply([table([("a", t, 10 * t) for t in (1, 2, 3, 4)], [1] * 4, SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 10, 30, 3): 1, ("a", 2, 20, 50, 2): 1,
+                          ("a", 3, 30, 70, 1): 1, ("a", 4, 40, 40, 0): 1}
+    out = k.apply([table([("a", 3, 30)], [-1], SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 10, 30, 3): -1, ("a", 1, 10, 30, 2): 1,
+                          ("a", 2, 20, 50, 2): -1, ("a", 2, 20, 60, 1): 1,
+                          ("a", 3, 30, 70, 1): -1}
+
+
+def test_lag_and_lead_take_the_value_n_rows_away_or_the_default():
+    """A NULL n rows away is NULL (not the default); the default only past the partition."""
+    k = _simple([WindowFn("lag", "x", "prev", [1, -1]), WindowFn("lead", "x", "next2", [2, None])])
+    state = DictZSet()
+    rows = [("a", 1, 10), ("a", 2, None), ("a", 3, 30), ("b", 1, 5)]
+    out = k.apply([table(rows, [1] * 4, SIMPLE)], [state])
+    assert _rows(out) == {("a", 1, 10, -1, 30): 1, ("a", 2, None, 10, None): 1,
+                          ("a", 3, 30, None, None): 1, ("b", 1, 5, -1, None): 1}
+    out = k.apply([table([("a", 0, 7)], [1], SIMPLE)], [state])
+    assert _rows(out) == {("a", 0, 7, -1, None): 1,
+                          ("a", 1, 10, -1, 30): -1, ("a", 1, 10, 7, 30): 1}
 
 
 def test_only_the_touched_partitions_are_read():
@@ -322,7 +314,19 @@ def test_an_empty_or_weight_zero_delta_emits_nothing_and_reads_nothing():
     ({"partition_by": ["nope"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "row_number", None, None]]}, "no column 'nope'"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
-      "funcs": [["r", "lag", "x", None]]}, "'lag' is not one of"),
+      "funcs": [["r", "nth_value", "x", None]]}, "'nth_value' is not one of"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "lag", "x", [0, None]]]}, "int n >= 1"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "lead", "x", None]]}, "takes \\[n, default\\]"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "lead", "x", [1, "zz"]]]}, "default 'zz' is not a int64"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "sum", "x", ["range", -5, 0]]]}, "value offset"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "sum", "x", ["rows", 2, 1]]]}, "starts after it ends"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "count", None, ["groups", 0, 0]]]}, "is not None, an int"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "avg", "k", 3]]}, "avg of string"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
@@ -339,13 +343,16 @@ def test_bad_definitions_are_refused_naming_what(params, needle):
 
 def test_bulk_unbounded_and_long_frames_match_the_model():
     """Hundreds of rows in few partitions: the sparse table's higher levels, the length
-    classes of the unbounded double fold, and frames longer than some partitions."""
+    classes of the unbounded double fold, long frames on both sides of the row (folded in
+    frame order), and frames longer than some partitions."""
     import random
 
     rnd = random.Random(6)
     funcs = [WindowFn("max", "v", "mx"), WindowFn("min", "v", "mn", 40),
              WindowFn("sum", "v", "sv"), WindowFn("avg", "v", "av", 70),
-             WindowFn("dense_rank", None, "dr")]
+             WindowFn("dense_rank", None, "dr"), WindowFn("sum", "v", "sf", ["rows", -20, 25]),
+             WindowFn("avg", "v", "au", ["rows", 3, None]),
+             WindowFn("max", "v", "mr", ["range", 0, None])]
     order = [OrderKey("o", descending=True), OrderKey("s"), OrderKey("v")]
     model = Model(ROLL, ["p"], order, funcs)
     k = OverKernel(ROLL, ["p"], order, funcs)
@@ -390,7 +397,7 @@ def _both(bid):
     top = Window.partitionBy("auction").orderBy(F.desc("price"), "bidder", "dateTime",
                                                 "channel")
     last3 = (Window.partitionBy("bidder").orderBy("dateTime", "auction", "price", "channel")
-             .rowsBetween(-2, Window.currentRow))
+             .rowsBetween(-2, 1))  # a frame ending after the current row
     add = bid.with_column if hasattr(bid, "with_column") else bid.withColumn
     ranked = add("rn", F.row_number().over(top))
     add = ranked.with_column if hasattr(ranked, "with_column") else ranked.withColumn
@@ -433,9 +440,10 @@ def test_window_definitions_are_checked_when_written(spark, tmp_path):
     bid = p.read_queue("bids", BIDS)["bid"]
     w = Window.partitionBy("auction").orderBy("dateTime")
     refused = [
-        (F.avg("price").over(w), "RANGE"),  # Spark's default frame with an orderBy
-        (F.sum("price").over(w.rowsBetween(-1, 1)), "ends after the current row"),
-        (F.lag("price").over(w), "lag is not supported"),
+        (F.avg("price").over(Window.partitionBy("auction").orderBy("price")
+                             .rangeBetween(-5, 0)), "value offset"),
+        (F.nth_value("price", 2).over(w), "nth_value is not supported"),
+        (F.lag("price", -1).over(w), "literal >= 1"),
         (F.row_number().over(w) + 1, "whole column"),
         (F.row_number().over(Window.partitionBy(F.col("auction") % 2).orderBy("price")),
          "is an expression"),
@@ -451,6 +459,12 @@ def test_window_definitions_are_checked_when_written(spark, tmp_path):
     # a replaced column keeps its place; the types are Spark's
     out = bid.with_column("price", F.max("price").over(w.rowsBetween(-3, 0)))
     assert out.columns == ["auction", "bidder", "price", "dateTime", "channel"]
+    # Spark's default frame, frames past the current row, lag/lead: built, Spark's types
+    out = bid.with_column("run", F.sum("price").over(w))
+    assert out.schema.field("run").type == pa.int64()
+    out = out.with_column("around", F.avg("price").over(w.rowsBetween(-1, Window.unboundedFollowing)))
+    out = out.with_column("prev", F.lag("channel", 2, "none").over(w))
+    assert out.schema.field("prev").type == pa.string()
     out = bid.with_column("rn", "row_number() OVER (PARTITION BY bidder ORDER BY price)")
     assert out.schema.field("rn").type == pa.int32()
     with pytest.raises(InvalidInput, match="append"):

@@ -4,10 +4,15 @@ parameters, through Spark's analyser.
 As for aggregates (aggspec.py), a Column's text is not trusted: the column is added to an empty
 DataFrame with ``withColumn`` and the analysed plan's ``Window`` node is read — the function,
 its argument, the frame, the PARTITION BY and ORDER BY columns with their directions and NULL
-placement. What the kernel cannot do exactly is refused here, at definition time, naming it:
-RANGE frames (Spark's default frame when ``orderBy`` is given and no ``rowsBetween``), frames
-that end after the current row, offset functions (lag, lead, nth_value), expressions as
-partition or order keys or arguments (add them with ``with_column`` first).
+placement. Built: row_number, rank, dense_rank; count/sum/avg/min/max over any ROWS frame
+(``rowsBetween(a, b)``, unbounded either side) and over RANGE frames whose bounds are
+UNBOUNDED or CURRENT ROW — Spark's default frame when ``orderBy`` is given without a frame is
+RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW, the current row's peers included; lag and
+lead with a literal n >= 1 and a literal default. What the kernel cannot do exactly is
+refused here, at definition time, naming it: RANGE frames with value offsets
+(``rangeBetween(-5, 0)``), other functions (nth_value, first, last, ntile, ...), IGNORE
+NULLS, expressions as partition or order keys or arguments (add them with ``with_column``
+first).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from headrace.errors import InvalidInput
 _RANKING = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank"}
 _AGGS = {"count": "count", "sum": "sum", "avg": "avg", "mean": "avg", "min": "min",
          "max": "max"}
+_OFFSETS = {"Lag": "lag", "Lead": "lead"}
+#: Spark types of a lag/lead default carried as a plain (JSON-able) value
+_DEFAULT_TYPES = {"long", "integer", "short", "byte", "double", "float", "string", "boolean"}
 
 
 def _cls(obj) -> str:
@@ -73,8 +81,13 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     wexpr = exprs.apply(0).child()
     fn = wexpr.windowFunction()
     kind = _cls(fn)
+    frame_or_offset = None
     if kind in _RANKING:
         func, column = _RANKING[kind], None
+    elif kind in _OFFSETS:
+        func = _OFFSETS[kind]
+        column = _column(fn.children().apply(0), "the argument", where, inputs)
+        frame_or_offset = _offset(fn, func, where)
     elif kind == "AggregateExpression":
         agg = fn.aggregateFunction()
         func = _AGGS.get(agg.prettyName().lower())
@@ -94,11 +107,9 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
             column = _column(arg, "the argument", where, inputs)
     else:
         raise InvalidInput(f"{where}: {fn.prettyName()} is not supported over a window; have "
-                           f"row_number, rank, dense_rank and {sorted(set(_AGGS))} over "
-                           "rowsBetween(-n or Window.unboundedPreceding, 0)")
-    preceding = None
-    if func not in ("row_number", "rank", "dense_rank"):
-        preceding = _rows_frame(wexpr.windowSpec().frameSpecification(), where)
+                           f"row_number, rank, dense_rank, lag, lead and {sorted(set(_AGGS))}")
+    if func in _AGGS.values():
+        frame_or_offset = _frame(wexpr.windowSpec().frameSpecification(), where)
     node = windows[0]
     parts, orders = node.partitionSpec(), node.orderSpec()
     partition_by = [_column(parts.apply(i), "partition key", where, inputs) for i in range(parts.size())]
@@ -108,7 +119,7 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
         order_by.append([_column(o.child(), "order key", where, inputs), o.direction().sql().lower(),
                          o.nullOrdering().sql().lower().replace(" ", "_")])
     params = {"partition_by": partition_by, "order_by": order_by,
-              "funcs": [[name, func, column, preceding]]}
+              "funcs": [[name, func, column, frame_or_offset]]}
     from pyspark.sql.types import StructType
 
     from headrace.pipeline.names import W
@@ -117,23 +128,61 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     return params, arrow_schema(struct, where)
 
 
-def _rows_frame(frame, where: str) -> int | None:
-    """The n of ``ROWS BETWEEN n PRECEDING AND CURRENT ROW`` (None: UNBOUNDED PRECEDING)."""
-    text = frame.sql()
-    if _cls(frame) != "SpecifiedWindowFrame" or _cls(frame.frameType()) != "RowFrame$":
-        raise InvalidInput(f"{where}: the frame {text} is not supported: only ROWS frames, as "
-                           "w.rowsBetween(-10, 0) or rowsBetween(Window.unboundedPreceding, 0) "
-                           "(an orderBy without rowsBetween is Spark's RANGE frame)")
-    lower, upper = frame.lower(), frame.upper()
-    if _cls(upper) != "CurrentRow$":
-        raise InvalidInput(f"{where}: the frame {text} ends after the current row; only frames "
-                           "ending at the current row are supported (rowsBetween(-n, 0))")
-    if _cls(lower) == "UnboundedPreceding$":
+def _offset(fn, func: str, where: str) -> list:
+    """lag/lead's ``[n, default]``: n a literal >= 1, the default a literal (cast by Spark to
+    the column's type) of a plain type, or NULL."""
+    if fn.ignoreNulls():
+        raise InvalidInput(f"{where}: {func} IGNORE NULLS is not supported")
+    n_expr, default = fn.children().apply(1), fn.children().apply(2)
+    n = n_expr.value() if _cls(n_expr) == "Literal" else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise InvalidInput(f"{where}: {func}'s offset {n_expr.sql()} is not a literal >= 1 "
+                           f"(use {'lead' if func == 'lag' else 'lag'} to look the other way)")
+    if not default.foldable():
+        raise InvalidInput(f"{where}: {func}'s default {default.sql()} is not a literal")
+    try:
+        value = default.eval(None)
+    except Exception as e:  # an ANSI cast of the default to the column's type failed
+        raise InvalidInput(f"{where}: {func}'s default {default.sql()} cannot be evaluated: "
+                           f"{str(e).splitlines()[0]}") from e
+    if value is not None:
+        type_name = default.dataType().typeName()
+        if type_name not in _DEFAULT_TYPES:
+            raise InvalidInput(f"{where}: a {func} default of type {type_name} is not "
+                               "supported (numbers, strings, booleans or NULL are)")
+        if type_name == "string":
+            value = value.toString()
+    return [n, value]
+
+
+def _bound(b) -> int | None:
+    """A frame bound as an offset from the current row (None: unbounded)."""
+    kind = _cls(b)
+    if kind in ("UnboundedPreceding$", "UnboundedFollowing$"):
         return None
-    if _cls(lower) == "CurrentRow$":
+    if kind == "CurrentRow$":
         return 0
-    value = lower.value() if _cls(lower) == "Literal" else None
-    if not isinstance(value, int) or value > 0:
-        raise InvalidInput(f"{where}: the frame {text} does not start at or before the current "
-                           "row")
-    return -value
+    value = b.value() if kind == "Literal" else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else b
+
+
+def _frame(frame, where: str):
+    """The kernel's frame of an aggregate: None / n (ROWS UNBOUNDED or n PRECEDING .. CURRENT
+    ROW, the form pipelines defined before other frames were built keep) or
+    [kind, lower, upper]."""
+    text = frame.sql()
+    if _cls(frame) != "SpecifiedWindowFrame":
+        raise InvalidInput(f"{where}: the frame {text} is not supported")
+    kind = "rows" if _cls(frame.frameType()) == "RowFrame$" else "range"
+    lower, upper = _bound(frame.lower()), _bound(frame.upper())
+    for b in (lower, upper):
+        if b is not None and not isinstance(b, int):
+            raise InvalidInput(f"{where}: the frame {text} has a bound that is not a literal "
+                               "row count")
+    if kind == "range" and (lower not in (None, 0) or upper not in (None, 0)):
+        raise InvalidInput(f"{where}: the RANGE frame {text} has a value offset; only RANGE "
+                           "bounds Window.unboundedPreceding, Window.currentRow and "
+                           "Window.unboundedFollowing are supported (or use rowsBetween)")
+    if kind == "rows" and upper == 0 and (lower is None or lower <= 0):
+        return None if lower is None else -lower
+    return [kind, lower, upper]

@@ -9,9 +9,10 @@ name; several columns only for count and count_distinct: rows where none is NULL
 plus ``"interval": {"left": lt, "right": rt, "lower_us": n, "upper_us": m}`` for an interval
 join; distinct ``{}``; window
 functions (``over``) ``{"partition_by": [...], "order_by": [[col, "asc" | "desc",
-"nulls_first" | "nulls_last" | None]], "funcs": [[out, func, col | None, preceding | None]]}``
-(func: row_number, rank, dense_rank, count, sum, avg, min, max; preceding: the ROWS frame's
-start, n rows before the current one, None = unbounded); session windows (``session``)
+"nulls_first" | "nulls_last" | None]], "funcs": [[out, func, col | None, frame]]}``
+(func: row_number, rank, dense_rank, count, sum, avg, min, max, lag, lead; frame: None = ROWS
+UNBOUNDED PRECEDING..CURRENT ROW, n = ROWS n PRECEDING..CURRENT ROW, ``["rows" | "range",
+lower, upper]`` otherwise, ``[n, default]`` for lag/lead); session windows (``session``)
 ``{"by": [...], "time": col, "gap_us": n, "name": "session_window", "aggs": {...} (as
 aggregate's), "expiring": bool}``.
 """

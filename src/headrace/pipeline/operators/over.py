@@ -1,5 +1,6 @@
-"""Window functions over partitions with retractions (``F.row_number().over(w)``, rolling
-aggregates over ``rowsBetween(-n, 0)``), Spark SQL semantics.
+"""Window functions over partitions with retractions (``F.row_number().over(w)``, aggregates
+over ROWS frames ``rowsBetween(a, b)`` and RANGE frames with UNBOUNDED/CURRENT ROW bounds —
+Spark's default frame — and ``lag``/``lead``), Spark SQL semantics.
 
 The output is every input row with the functions' values appended, as Spark's
 ``withColumn(name, f.over(w))``. State (one spine, like a join side): key = the normalised
@@ -14,7 +15,8 @@ Evaluation is vectorised across all touched partitions at once: one sort by (par
 keys, the row's encoding), positions and peer groups from run boundaries, row counts and
 integer sums from cumulative sums, double sums as Spark folds them (``0.0 + v1 + v2 ...`` in
 frame order, so the last bits match), min/max by a sparse table over (value rank, first
-position). Ordering follows Spark: ASC NULLS FIRST / DESC NULLS LAST unless said otherwise,
+position) — see frames.py. A RANGE frame's CURRENT ROW bound is the edge of the row's peer
+group (rows equal on every order key, NULLs equal); lag/lead ignore the frame, as Spark's. Ordering follows Spark: ASC NULLS FIRST / DESC NULLS LAST unless said otherwise,
 -0.0 and 0.0 are peers, NaN sorts above every number. Rows that tie on every order key are
 ordered by their encoding, so ``row_number`` is deterministic (Spark's order among such ties
 is not defined); ``rank``/``dense_rank`` are exact either way.
@@ -33,6 +35,15 @@ from headrace.errors import InvalidInput
 from headrace.pipeline import keys
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators.base import ArithmeticOverflow, StateSpine
+from headrace.pipeline.operators.frames import (
+    dense,
+    fold,
+    frame_bounds,
+    frame_extreme,
+    frame_sum,
+    run_ends,
+    value_rank,
+)
 from headrace.pipeline.operators.zset import (
     as_array,
     consolidate,
@@ -44,21 +55,62 @@ from headrace.pipeline.operators.zset import (
 
 RANKING = ("row_number", "rank", "dense_rank")
 AGGREGATES = ("count", "sum", "avg", "min", "max")
-FUNCS = RANKING + AGGREGATES
+OFFSETS = ("lag", "lead")
+FUNCS = RANKING + AGGREGATES + OFFSETS
 MAX_ROWS = 1 << 28  # expanded rows (multiplicities) of the touched partitions, per batch
 _M24 = (1 << 24) - 1
-_LOW32 = (1 << 32) - 1
 
 
 @dataclass(frozen=True)
 class WindowFn:
-    """``func`` over ``column`` (None: a ranking function or count(*)), output ``name``, over
-    the ROWS frame ``preceding`` PRECEDING .. CURRENT ROW (None: UNBOUNDED PRECEDING)."""
+    """``func`` over ``column`` (None: a ranking function or count(*)), output ``name``.
+
+    ``frame`` of an aggregate: None (ROWS UNBOUNDED PRECEDING .. CURRENT ROW), an int n (ROWS
+    n PRECEDING .. CURRENT ROW), or ``[kind, lower, upper]`` with kind "rows" or "range" and
+    each bound an offset from the current row (negative: preceding) or None (unbounded); a
+    RANGE bound is 0 (the current row's peers) or None. Of lag/lead: ``[n, default]`` (n >= 1
+    rows back/ahead; default a plain value of the column's type or None). JSON-able, as the
+    plan's params are."""
 
     func: str
     column: str | None
     name: str
-    preceding: int | None = None
+    frame: object = None
+
+    def bounds(self) -> tuple[str, int | None, int | None]:
+        """(kind, lower, upper) of an aggregate's frame, checked (InvalidInput)."""
+        where = f"window function {self.name!r}"
+        f = self.frame
+        if f is None:
+            return "rows", None, 0
+        if isinstance(f, int) and not isinstance(f, bool):
+            if f < 0:
+                raise InvalidInput(f"{where}: the frame starts {f!r} rows before the current "
+                                   "row; want an int >= 0 or None (unbounded)")
+            return "rows", -f, 0
+        if not isinstance(f, (list, tuple)) or len(f) != 3 or f[0] not in ("rows", "range"):
+            raise InvalidInput(f"{where}: the frame {f!r} is not None, an int >= 0 or "
+                               "[\"rows\" | \"range\", lower, upper]")
+        kind, lower, upper = f
+        for b in (lower, upper):
+            if b is not None and (not isinstance(b, int) or isinstance(b, bool)):
+                raise InvalidInput(f"{where}: the frame bound {b!r} is not an int or None")
+        if kind == "range" and any(b not in (None, 0) for b in (lower, upper)):
+            raise InvalidInput(f"{where}: the RANGE frame {f!r} has a value offset; only "
+                               "UNBOUNDED (None) and CURRENT ROW (0) bounds are supported")
+        if lower is not None and upper is not None and lower > upper:
+            raise InvalidInput(f"{where}: the frame {f!r} starts after it ends")
+        return kind, lower, upper
+
+    def offset(self) -> tuple[int, object]:
+        """(signed row offset, default) of lag (-n) / lead (+n), checked (InvalidInput)."""
+        f = self.frame
+        ok = isinstance(f, (list, tuple)) and len(f) == 2
+        n = f[0] if ok else None
+        if not ok or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidInput(f"window function {self.name!r}: {self.func} takes [n, default] "
+                               f"with an int n >= 1, not {f!r}")
+        return (-n if self.func == "lag" else n), f[1]
 
 
 @dataclass(frozen=True)
@@ -104,10 +156,6 @@ class OverKernel:
             if not self.order_by:
                 raise InvalidInput(f"{where}: {fn.func} needs an orderBy (without one the "
                                    "rows' order in a partition is not defined)")
-            if fn.preceding is not None and (not isinstance(fn.preceding, int)
-                                             or fn.preceding < 0):
-                raise InvalidInput(f"{where}: the frame starts {fn.preceding!r} rows before "
-                                   "the current row; want an int >= 0 or None (unbounded)")
             if fn.func in RANKING:
                 if fn.column is not None:
                     raise InvalidInput(f"{where}: {fn.func} takes no column")
@@ -116,12 +164,23 @@ class OverKernel:
             if fn.column is None:
                 if fn.func != "count":
                     raise InvalidInput(f"{where}: {fn.func} needs a column")
+                fn.bounds()
                 out.append(pa.field(fn.name, pa.int64()))
                 continue
             if fn.column not in schema.names:
                 raise InvalidInput(f"{where}: no column {fn.column!r} in {schema.names}")
             t = schema.field(fn.column).type
             keys.check_type(t, f"{where} column {fn.column!r}")
+            if fn.func in OFFSETS:
+                _, default = fn.offset()
+                try:
+                    pa.scalar(default, t)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                    raise InvalidInput(f"{where}: the default {default!r} is not a {t} "
+                                       f"value of column {fn.column!r}: {e}") from e
+                out.append(pa.field(fn.name, t))
+                continue
+            fn.bounds()
             if fn.func in ("sum", "avg"):
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or t == pa.uint64():
                     raise InvalidInput(f"{where}: {fn.func} of {t} is not supported over a "
@@ -203,7 +262,7 @@ class OverKernel:
         if tied.any():  # only such rows need their encodings compared
             tie = np.zeros(len(perm), np.int64)
             rows_tied = perm[tied]
-            tie[rows_tied] = _dense(as_array(z["val"]).take(pa.array(rows_tied)))
+            tie[rows_tied] = dense(as_array(z["val"]).take(pa.array(rows_tied)))
             perm = np.lexsort([tie, *reversed(order_ranks), part])
         rep = w[perm]
         idx = np.repeat(perm, rep)
@@ -216,29 +275,46 @@ class OverKernel:
             peer_change[1:] |= rs[1:] != rs[:-1]
         pos = np.arange(n, dtype=np.int64)
         part_start = np.maximum.accumulate(np.where(new_part, pos, 0))
+        part_end = run_ends(new_part)
+        peer_start = np.maximum.accumulate(np.where(peer_change, pos, 0))
+        peer_end = run_ends(peer_change)
         rows = distinct.take(pa.array(idx))
         cols = list(rows.columns)
         for fn in self.funcs:
             if fn.func == "row_number":
                 cols.append(pa.array((pos - part_start + 1).astype(np.int32)))
             elif fn.func == "rank":
-                peer_start = np.maximum.accumulate(np.where(peer_change, pos, 0))
                 cols.append(pa.array((peer_start - part_start + 1).astype(np.int32)))
             elif fn.func == "dense_rank":
                 c = np.cumsum(peer_change)
                 cols.append(pa.array((c - c[part_start] + 1).astype(np.int32)))
+            elif fn.func in OFFSETS:
+                cols.append(self._offset(fn, as_array(rows[fn.column]), pos, part_start,
+                                         part_end))
             else:
-                lo = (part_start if fn.preceding is None
-                      else np.maximum(part_start, pos - fn.preceding))
+                kind, lower, upper = fn.bounds()
+                lo, hi = frame_bounds(kind, lower, upper, pos, part_start, part_end,
+                                      peer_start, peer_end)
                 col = None if fn.column is None else as_array(rows[fn.column])
-                cols.append(self._frame_agg(fn, col, lo, pos, new_part))
+                cols.append(self._frame_agg(fn, col, lo, hi, new_part, lower is None))
         return pa.Table.from_arrays(cols, schema=self.output_schema)
+
+    @staticmethod
+    def _offset(fn: WindowFn, col: pa.Array, pos: np.ndarray, part_start: np.ndarray,
+                part_end: np.ndarray) -> pa.Array:
+        """lag/lead: the value ``n`` rows back/ahead in the partition (NULL if that row's is),
+        the default where no such row is; the frame plays no part, as in Spark."""
+        off, default = fn.offset()
+        src = pos + off
+        inside = (src >= part_start) & (src <= part_end)
+        taken = col.take(pa.array(np.where(inside, src, pos)))
+        return as_array(pc.if_else(pa.array(inside), taken, pa.scalar(default, col.type)))
 
     @staticmethod
     def _order_rank(col, o: OrderKey) -> np.ndarray:
         """An int64 per row whose order is Spark's order of the column under ``o``."""
         arr = as_array(col)
-        r = _value_rank(arr)
+        r = value_rank(arr)
         if o.descending:
             r = -r
         if arr.null_count:
@@ -247,20 +323,21 @@ class OverKernel:
         return r
 
     def _frame_agg(self, fn: WindowFn, col: pa.Array | None, lo: np.ndarray, hi: np.ndarray,
-                   new_part: np.ndarray) -> pa.Array:
-        """count/sum/avg/min/max over the rows lo..hi (inclusive) of the sorted rows."""
+                   new_part: np.ndarray, from_start: bool) -> pa.Array:
+        """count/sum/avg/min/max over the rows lo..hi (inclusive) of the sorted rows
+        (``from_start``: every frame starts at its partition's first row)."""
         n = len(hi)
         valid = (np.ones(n, bool) if col is None or col.null_count == 0 else
                  np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool))
-        count = _frame_sum(valid.astype(np.int64), lo, hi)
+        count = frame_sum(valid.astype(np.int64), lo, hi)
         if fn.func == "count":
             return pa.array(count, pa.int64())
         empty = count == 0
         if fn.func in ("min", "max"):
-            return _frame_extreme(col, valid, lo, hi, fn.func, empty)
+            return frame_extreme(col, valid, lo, hi, fn.func, empty)
         if fn.func == "sum" and pa.types.is_integer(col.type):
             v = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.int64)
-            limbs = [_frame_sum(part, lo, hi) for part in (v & _M24, (v >> 24) & _M24, v >> 48)]
+            limbs = [frame_sum(part, lo, hi) for part in (v & _M24, (v >> 24) & _M24, v >> 48)]
             for i in range(2):  # carry: the low limbs into [0, 2^24)
                 limbs[i + 1] += limbs[i] >> 24
                 limbs[i] &= _M24
@@ -275,97 +352,14 @@ class OverKernel:
             return pa.array(total, pa.int64(), mask=empty)
         v = np.asarray(col.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False),
                        np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN as Spark's doubles
-            total = _fold(v, lo, hi, new_part, fn.preceding)
+        if pa.types.is_integer(col.type) and np.abs(v).sum() < 2.0 ** 53:
+            # avg of integers: every partial sum is an integer below 2^53, so Spark's double
+            # fold is exact in any order and prefix sums give it bit for bit
+            total = frame_sum(v.astype(np.int64), lo, hi).astype(np.float64)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN as Spark's
+                total = fold(v, lo, hi, new_part, from_start)
         if fn.func == "avg":
             with np.errstate(divide="ignore", invalid="ignore"):
                 total = total / np.maximum(count, 1).astype(np.float64)
         return pa.array(total, pa.float64(), mask=empty)
-
-
-def _dense(arr: pa.Array) -> np.ndarray:
-    """Dense ranks (0-based) of a sortable array (strings and binaries bytewise, as Spark
-    compares them), NULL first."""
-    r = pc.rank(arr, sort_keys="ascending", tiebreaker="dense", null_placement="at_start")
-    return np.asarray(r.to_numpy(), np.int64) - 1
-
-
-def _value_rank(arr: pa.Array) -> np.ndarray:
-    """Dense ranks in Spark's value order (NULLs rank lowest; the callers mask them): floats
-    with -0.0 = 0.0 and every NaN equal and above all numbers."""
-    if not pa.types.is_floating(arr.type):
-        return _dense(arr)
-    v = np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.float64)
-    nan = np.isnan(v)
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
-    r = _dense(pa.array(v + 0.0, mask=~valid | nan))  # + 0.0: -0.0 -> 0.0
-    return np.where(nan & valid, r.max(initial=0) + 1, r)
-
-
-def _frame_sum(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Exact int64 sums of v[lo..hi] (prefix sums; each value small enough not to wrap)."""
-    c = np.zeros(len(v) + 1, np.int64)
-    np.cumsum(v, out=c[1:])
-    return c[hi + 1] - c[lo]
-
-
-def _fold(v: np.ndarray, lo: np.ndarray, hi: np.ndarray, new_part: np.ndarray,
-          preceding: int | None) -> np.ndarray:
-    """Spark's double sum of each frame: ``((0.0 + v[lo]) + v[lo+1]) + ... + v[hi]`` in frame
-    order (NULLs given as 0.0, which cannot change a sum that starts at 0.0), so rounding
-    matches Spark's bit for bit. A bounded frame: n+1 vector steps; an unbounded one: a
-    running sum per partition (np.add.accumulate is a sequential fold), partitions padded
-    into rows of a matrix by length class so padding costs at most 2x."""
-    n = len(v)
-    if preceding is not None:
-        acc = np.zeros(n, np.float64)
-        for k in range(min(preceding, int((hi - lo).max(initial=0))) + 1):
-            j = lo + k
-            inside = j <= hi
-            acc = np.where(inside, acc + v[np.minimum(j, hi)], acc)
-        return acc
-    starts = np.flatnonzero(new_part)
-    lengths = np.diff(np.r_[starts, n])
-    out = np.empty(n, np.float64)
-    width = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64))
-    for cls in np.unique(width):
-        sel = np.flatnonzero(width == cls)
-        m = np.zeros((len(sel), int(cls)), np.float64)
-        rows = np.repeat(np.arange(len(sel)), lengths[sel])
-        within = np.arange(len(rows)) - np.repeat(np.cumsum(lengths[sel]) - lengths[sel],
-                                                  lengths[sel])
-        src = starts[sel][rows] + within
-        m[rows, within] = v[src]
-        out[src] = np.add.accumulate(m, axis=1)[rows, within]
-    return out + 0.0  # -0.0 -> 0.0: Spark's fold starts at 0.0
-
-
-def _frame_extreme(col: pa.Array, valid: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                   func: str, empty: np.ndarray) -> pa.Array:
-    """min/max of col[lo..hi], the first such row in frame order on ties (Spark's
-    ``greatest(max, v)`` keeps the value it has): a sparse table of (value rank, -position)."""
-    n = len(hi)
-    r = _value_rank(col)
-    if func == "min":
-        r = r.max(initial=0) - r
-    pos = np.arange(n, dtype=np.int64)
-    key = np.where(valid, (r << 32) | (_LOW32 - pos), -1)
-    span = int((hi - lo).max(initial=0)) + 1
-    levels = [key]
-    step = 1
-    while 2 * step <= span:
-        prev = levels[-1]
-        nxt = prev.copy()
-        nxt[:n - step] = np.maximum(prev[:n - step], prev[step:])
-        levels.append(nxt)
-        step *= 2
-    length = hi - lo + 1
-    k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    best = np.empty(n, np.int64)
-    for level in np.unique(k):
-        sel = k == level
-        table = levels[int(level)]
-        best[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << int(level)) + 1])
-    winner = np.where(empty, 0, _LOW32 - (best & _LOW32))
-    out = col.take(pa.array(winner))
-    return as_array(pc.if_else(pa.array(empty), pa.scalar(None, col.type), out))
