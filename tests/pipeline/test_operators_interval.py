@@ -193,3 +193,26 @@ class TestLeftOuterPointInTime(IntervalJoin):
 
     how = "left"
     lower = upper = 0
+
+
+def test_left_outer_padding_leaves_at_the_first_match_and_returns_after_the_last():
+    """By hand: a click-like left row alone is padded; a right row inside [lt - 2 s, lt + 3 s]
+    replaces the padding with the pair; one outside the bound changes nothing; retracting the
+    match brings the padding back."""
+    from conformance import DictZSet, out_counter, table
+
+    k = IntervalJoinKernel(LEFT, RIGHT, "left", on=["k"], interval={
+        "left": "lt", "right": "rt", "lower_us": -2 * SEC, "upper_us": 3 * SEC})
+    states = [DictZSet() for _ in range(k.state_sides)]
+
+    def batch(left=(), right=()):
+        out = k.apply([table([r for r, _ in left], [w for _, w in left], LEFT),
+                       table([r for r, _ in right], [w for _, w in right], RIGHT)], states)
+        return dict(out_counter(out))
+
+    padded = canon_row((1.0, _ts(0), 7, None, None))
+    pair = canon_row((1.0, _ts(0), 7, _ts(SEC), "x"))
+    assert batch(left=[((1.0, 0, 7), 1)]) == {padded: 1}
+    assert batch(right=[((1.0, SEC, "x"), 1)]) == {padded: -1, pair: 1}
+    assert batch(right=[((1.0, 10 * SEC, "y"), 1)]) == {}  # 10 s after: outside the bound
+    assert batch(right=[((1.0, SEC, "x"), -1)]) == {pair: -1, padded: 1}

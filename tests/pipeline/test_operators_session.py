@@ -27,6 +27,7 @@ from conformance import (  # noqa: I001  (tests/pipeline is on sys.path)
     out_counter,
     table,
 )
+from test_operators_aggregate import norm_key
 from test_state_expiry import Stream
 
 from headrace.errors import InvalidInput
@@ -44,12 +45,6 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 def ts(us: int) -> dt.datetime:
     return EPOCH + dt.timedelta(microseconds=us)
-
-
-def norm_key(v):
-    if isinstance(v, float):
-        return 0.0 if v == 0 else (NAN if v != v else v)
-    return v
 
 
 def exact_mean(vals: list[float]):

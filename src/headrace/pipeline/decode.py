@@ -136,7 +136,12 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
     """mapInArrow function over a partition of :meth:`Decoder.split`'s checked rows: yields
     (KIND, PAYLOAD) control rows — ("rows", entries in the partition), ("bad", summary) and,
     with a dead-letter shard, its part ("part"/"out", like an output)."""
-    from headrace.pipeline.tasks import schema_from_bytes, table_to_ipc
+    from headrace.pipeline.tasks import (
+        CONTROL_SCHEMA,
+        control_rows,
+        schema_from_bytes,
+        table_to_ipc,
+    )
 
     schemas: dict[str, dict[str, pa.Schema]] = {}  # queue -> table -> schema
     for (queue, table), b in tables.items():
@@ -150,7 +155,7 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
         count = ("rows", str(rows.num_rows).encode())
         rows = rows.filter(rows["sequence"].is_valid())  # the bad entries
         if rows.num_rows == 0:
-            yield _control([count])
+            yield control_rows([count], CONTROL_SCHEMA)
             return
         entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
         described = [describe(e, schemas.get(q, {}), max_entry_bytes)
@@ -178,12 +183,7 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
 
                 meta = upload_task_part(url, dead_letter, writer_id, part, persist_root)
                 control.append(("part", pickle.dumps((dead_letter, meta))))
-        yield _control(control)
+        yield control_rows(control, CONTROL_SCHEMA)
 
     return fn
 
-
-def _control(rows: list[tuple[str, bytes]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([k for k, _ in rows], pa.string()), pa.array([p for _, p in rows], pa.binary())],
-        names=[f"{PREFIX}kind", f"{PREFIX}payload"])

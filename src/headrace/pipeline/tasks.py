@@ -183,7 +183,7 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
         control.append(("indexes", json.dumps(states.new_indexes).encode()))
     after = store.counts()
     control.append(("metrics", json.dumps({k: after[k] - before[k] for k in after}).encode()))
-    yield _control_rows(control, full)
+    yield control_rows(control, full)
 
 
 def _task_level(kernel, spec: StageSpec, states: _States, table: pa.Table) -> bool:
@@ -285,7 +285,8 @@ def _data_rows(out: pa.Table, full: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=full)
 
 
-def _control_rows(control: list[tuple[str, bytes]], full: pa.Schema) -> pa.RecordBatch:
+def control_rows(control: list[tuple[str, bytes]], full: pa.Schema) -> pa.RecordBatch:
+    """(KIND, PAYLOAD) rows in a batch of ``full`` (the stage schema; other columns null)."""
     n = len(control)
     arrays = [pa.array([k for k, _ in control], pa.string()),
               pa.array([p for _, p in control], pa.binary())]
