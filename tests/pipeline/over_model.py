@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections import Counter, defaultdict
 
+import numpy as np
 import pyarrow as pa
 from conformance import NAN, ExpectOverflow, canon_row, table  # noqa: I001
 
@@ -84,6 +86,17 @@ class Model:
                             if not distinct or self._order_cmp(distinct[-1], q):
                                 distinct.append(q)
                         vals.append(1 + len(distinct))
+                    elif fn.func in ("ntile", "percent_rank", "cume_dist"):
+                        vals.append(self._distribution(fn, rows, pos))
+                    elif fn.func in ("first", "last", "nth_value"):
+                        frame, n, ignore_nulls = fn.frame
+                        lo, hi = self._frame(frame, rows, pos)
+                        ci = self.schema.names.index(fn.column)
+                        xs = [q[ci] for q in rows[lo:hi + 1]
+                              if not ignore_nulls or q[ci] is not None]
+                        if fn.func == "last":
+                            xs = xs[::-1]
+                        vals.append(xs[n - 1] if len(xs) >= n else None)
                     elif fn.func in ("lag", "lead"):
                         n, default = fn.frame
                         j = pos - n if fn.func == "lag" else pos + n
@@ -98,6 +111,22 @@ class Model:
                 out[canon_row((*r, *vals))] += 1
         return step_overflow if overflow_steps else out
 
+    def _distribution(self, fn, rows, pos):
+        size = len(rows)
+        if fn.func == "ntile":  # Spark's NTile: the first size % n buckets one row larger
+            q, r = divmod(size, fn.frame)
+            if pos < r * (q + 1):
+                return pos // (q + 1) + 1
+            return r + (pos - r * (q + 1)) // q + 1
+        first, last = pos, pos  # the row's peers are the sorted rows around it
+        while first > 0 and not self._order_cmp(rows[first - 1], rows[pos]):
+            first -= 1
+        while last < size - 1 and not self._order_cmp(rows[last + 1], rows[pos]):
+            last += 1
+        if fn.func == "percent_rank":  # (rank - 1) / (size - 1)
+            return first / (size - 1) if size > 1 else 0.0
+        return (last + 1) / size  # the rows up to the row's last peer
+
     def _frame(self, frame, rows, pos):
         """First and last index of the frame of rows[pos] (lo > hi: empty)."""
         if frame is None or isinstance(frame, int):
@@ -109,8 +138,54 @@ class Model:
             lo = 0 if lower is None else max(0, pos + lower)
             hi = last if upper is None else min(last, pos + upper)
             return lo, hi
-        peers = [j for j, q in enumerate(rows) if not self._order_cmp(q, rows[pos])]
-        return (0 if lower is None else peers[0]), (last if upper is None else peers[-1])
+        if lower in (None, 0) and upper in (None, 0):
+            peers = [j for j, q in enumerate(rows) if not self._order_cmp(q, rows[pos])]
+            return (0 if lower is None else peers[0]), (last if upper is None else peers[-1])
+        # a value offset: the rows whose order value v satisfies x + lower <= v <= x + upper
+        # (x - upper <= v <= x - lower under DESC); a NULL x only reaches the NULLs
+        (i, desc, _), = self.order
+        x = rows[pos][i]
+        lo_b = None if x is None or lower is None else self._add(x, lower, desc)
+        hi_b = None if x is None or upper is None else self._add(x, upper, desc)
+        inside = []
+        for j, q in enumerate(rows):
+            v = q[i]
+            if x is None or v is None:  # NULL = NULL; NULL sorts at one end of the values
+                before = self._order_cmp(q, rows[pos]) < 0
+                after = self._order_cmp(q, rows[pos]) > 0
+                ok_lo, ok_hi = lower is None or not before, upper is None or not after
+            else:
+                ok_lo = lower is None or self._within(v, lo_b, desc, True)
+                ok_hi = upper is None or self._within(v, hi_b, desc, False)
+            if ok_lo and ok_hi:
+                inside.append(j)
+        return (inside[0], inside[-1]) if inside else (pos, pos - 1)
+
+    def _add(self, x, offset, desc):
+        """Spark's bound value: x + offset (x - offset under DESC) in the column's type."""
+        (i, _, _), = self.order
+        t = self.schema.field(i).type
+        off = -offset if desc else offset
+        if pa.types.is_timestamp(t) or pa.types.is_date32(t):
+            unit = "microseconds" if pa.types.is_timestamp(t) else "days"
+            return x + dt.timedelta(**{unit: off})
+        if pa.types.is_floating(t):
+            if t == pa.float32():
+                return float(np.float32(x) + np.float32(off))
+            return x + float(off)
+        bits = 32 if pa.types.is_date32(t) else t.bit_width
+        y = x + off
+        if not -(2 ** (bits - 1)) <= y < 2 ** (bits - 1):
+            raise ExpectOverflow
+        return y
+
+    @staticmethod
+    def _within(v, bound, desc, is_lower):
+        """v on the frame's side of ``bound`` in the sort order (NaN above all numbers)."""
+        c = _cmp_values(v, bound)
+        if desc:
+            c = -c
+        return c >= 0 if is_lower else c <= 0
 
     def _agg(self, fn, frame):
         if fn.column is None:

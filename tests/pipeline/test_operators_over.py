@@ -42,7 +42,16 @@ ROLL_FUNCS = [WindowFn("row_number", None, "rn"), WindowFn("sum", "o", "so", 2),
               WindowFn("min", "s", "mu", ["rows", None, None]),
               WindowFn("avg", "v", "ad", ["range", None, 0]),
               WindowFn("count", None, "nf", ["range", 0, None]),
-              WindowFn("lag", "s", "lg", [2, "zz"]), WindowFn("lead", "v", "ld", [1, None])]
+              WindowFn("lag", "s", "lg", [2, "zz"]), WindowFn("lead", "v", "ld", [1, None]),
+              # first / last / nth_value (IGNORE NULLS both ways) and the distribution functions
+              WindowFn("first", "v", "fv", [["range", None, 0], 1, False]),
+              WindowFn("first", "s", "fs", [["rows", -1, 1], 1, True]),
+              WindowFn("last", "v", "lv", [["rows", None, None], 1, True]),
+              WindowFn("last", "s", "ls", [["rows", -2, -1], 1, False]),
+              WindowFn("nth_value", "v", "n2", [["range", None, 0], 2, False]),
+              WindowFn("nth_value", "s", "n3", [["rows", -1, None], 3, True]),
+              WindowFn("ntile", None, "nt", 3), WindowFn("percent_rank", None, "pr"),
+              WindowFn("cume_dist", None, "cd")]
 _W = "PARTITION BY p ORDER BY o, s DESC, v"
 ROLL_SQL = (f"SELECT *, row_number() OVER ({_W}) AS rn, "
             f"sum(o) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS so, "
@@ -59,7 +68,17 @@ ROLL_SQL = (f"SELECT *, row_number() OVER ({_W}) AS rn, "
             "AS mu, "
             f"avg(v) OVER ({_W}) AS ad, "
             f"count(*) OVER ({_W} RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nf, "
-            f"lag(s, 2, 'zz') OVER ({_W}) AS lg, lead(v) OVER ({_W}) AS ld FROM in0")
+            f"lag(s, 2, 'zz') OVER ({_W}) AS lg, lead(v) OVER ({_W}) AS ld, "
+            f"first(v) OVER ({_W}) AS fv, "
+            f"first(s, true) OVER ({_W} ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) AS fs, "
+            f"last(v) IGNORE NULLS OVER ({_W} ROWS BETWEEN UNBOUNDED PRECEDING AND "
+            "UNBOUNDED FOLLOWING) AS lv, "
+            f"last(s) OVER ({_W} ROWS BETWEEN 2 PRECEDING AND 1 PRECEDING) AS ls, "
+            f"nth_value(v, 2) OVER ({_W}) AS n2, "
+            f"nth_value(s, 3) IGNORE NULLS OVER ({_W} ROWS BETWEEN 1 PRECEDING AND "
+            "UNBOUNDED FOLLOWING) AS n3, "
+            f"ntile(3) OVER ({_W}) AS nt, percent_rank() OVER ({_W}) AS pr, "
+            f"cume_dist() OVER ({_W}) AS cd FROM in0")
 P_VALUES = [1, 2, None]
 O_VALUES = [0, 1, 2, -3, None]
 S_VALUES = ["a", "b", "", None, "\x00"]
@@ -137,58 +156,6 @@ class TestOverRanks(KernelConformance):
             [[(4, 1), (5, 2), (6, 1)]],  # NULL partition keys form one partition
             [[(0, -1), (6, -1)]],
             [[]],
-        ], restarts=[False, True, False, False])
-
-
-# ---- conformance: RANGE frames over ties (peers) ---------------------------------------
-
-PEERS = pa.schema([("p", pa.int64()), ("o", pa.int64()), ("x", pa.int64()), ("s", pa.string())])
-PEER_ORDER = [OrderKey("o", descending=True)]
-PEER_FUNCS = [WindowFn("sum", "x", "run", ["range", None, 0]),
-              WindowFn("count", None, "n", ["range", None, 0]),
-              WindowFn("avg", "x", "rest", ["range", 0, None]),
-              WindowFn("min", "s", "peer_min", ["range", 0, 0]),
-              WindowFn("max", "x", "all_max", ["range", None, None]),
-              WindowFn("rank", None, "rk")]
-_PW = "PARTITION BY p ORDER BY o DESC"
-PEER_SQL = (f"SELECT *, sum(x) OVER ({_PW}) AS run, count(*) OVER ({_PW}) AS n, "
-            f"avg(x) OVER ({_PW} RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest, "
-            f"min(s) OVER ({_PW} RANGE BETWEEN CURRENT ROW AND CURRENT ROW) AS peer_min, "
-            f"max(x) OVER ({_PW} RANGE BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) "
-            "AS all_max, "
-            f"rank() OVER ({_PW}) AS rk FROM in0")
-
-
-class TestOverPeers(KernelConformance):
-    """Spark's default frame and RANGE frames: ties in ORDER BY (NULLs tie with NULLs) are in
-    each other's frames. The values are integers and strings, so no result depends on the
-    order among peers (which Spark leaves open)."""
-
-    schemas = [PEERS]
-    sql = PEER_SQL
-    model_ = Model(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
-    test_matches_spark = None  # the awkward stream is this class's one Spark check (budget)
-
-    def make_kernel(self):
-        return OverKernel(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
-
-    def model(self, net):
-        return self.model_.rows(net[0])
-
-    def spark_may_raise(self, net):
-        return self.model_.rows(net[0], overflow_steps=True)
-
-    def value_lists(self, input_index, spark):
-        return [[1, 2, None], [0, 1, 1, None], [5, -3, None, 7], ["a", "b", None]]
-
-    def awkward_stream(self):
-        pool = [[(1, 1, 5, "b"), (1, 1, -3, "a"), (1, None, 7, None), (1, 0, None, "c"),
-                 (1, None, 2, "d"), (2, 1, I64_MAX, "x"), (2, 1, 1, "y")]]
-        return fixed_stream(pool, [
-            [[(0, 1), (1, 1), (2, 1)]],  # two peers at o = 1, NULL last (DESC)
-            [[(3, 1), (4, 2)]],  # NULL order keys are peers of each other
-            [[(1, -1), (4, -1)]],  # a retracted peer changes every peer's running total
-            [[(5, 1), (6, 1)]],  # I64_MAX + 1 among peers: the running sum overflows
         ], restarts=[False, True, False, False])
 
 
@@ -314,15 +281,31 @@ def test_an_empty_or_weight_zero_delta_emits_nothing_and_reads_nothing():
     ({"partition_by": ["nope"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "row_number", None, None]]}, "no column 'nope'"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
-      "funcs": [["r", "nth_value", "x", None]]}, "'nth_value' is not one of"),
+      "funcs": [["r", "percentile", "x", None]]}, "'percentile' is not one of"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "nth_value", "x", None]]}, "takes \\[frame, n, ignore_nulls\\]"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "first", "x", [None, 2, False]]]}, "1 for first/last"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "ntile", None, 0]]}, "number of buckets"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None], ["x", "asc", None]],
+      "funcs": [["r", "sum", "x", ["range", -5, 0]]]}, "exactly one order column"),
+    ({"partition_by": ["k"], "order_by": [["k", "asc", None]],
+      "funcs": [["r", "sum", "x", ["range", -5, 0]]]}, "order column 'k' is string"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "sum", "x", ["range", -1.5, 0]]]}, "not an integer within"),
+    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
+      "funcs": [["r", "sum", "x", ["range", float("nan"), 0]]]}, "not a finite number"),
+    ({"partition_by": ["k"], "order_by": [],
+      "funcs": [["r", "first", "x", [["rows", None, None], 1, False]]]}, "needs an orderBy"),
+    ({"partition_by": ["k"], "order_by": [],
+      "funcs": [["r", "sum", "x", ["rows", None, 0]]]}, "needs an orderBy"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "lag", "x", [0, None]]]}, "int n >= 1"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "lead", "x", None]]}, "takes \\[n, default\\]"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "lead", "x", [1, "zz"]]]}, "default 'zz' is not a int64"),
-    ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
-      "funcs": [["r", "sum", "x", ["range", -5, 0]]]}, "value offset"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
       "funcs": [["r", "sum", "x", ["rows", 2, 1]]]}, "starts after it ends"),
     ({"partition_by": ["k"], "order_by": [["t", "asc", None]],
@@ -400,8 +383,18 @@ def _both(bid):
              .rowsBetween(-2, 1))  # a frame ending after the current row
     add = bid.with_column if hasattr(bid, "with_column") else bid.withColumn
     ranked = add("rn", F.row_number().over(top))
-    add = ranked.with_column if hasattr(ranked, "with_column") else ranked.withColumn
-    return add("avg3", F.avg("price").over(last3)).filter(F.col("rn") <= 2)
+    out = ranked
+    for name, col in [
+            ("avg3", F.avg("price").over(last3)),
+            # the whole partition (no orderBy), a timestamp RANGE with an interval offset,
+            # nth_value IGNORE NULLS over a total order
+            ("total", F.sum("price").over(Window.partitionBy("auction"))),
+            ("recent", F.expr("count(price) OVER (PARTITION BY bidder ORDER BY dateTime RANGE "
+                              "BETWEEN INTERVAL 100 SECONDS PRECEDING AND CURRENT ROW)")),
+            ("second", F.nth_value("channel", 2, True).over(top))]:
+        out = out.with_column(name, col) if hasattr(out, "with_column") else out.withColumn(
+            name, col)
+    return out.filter(F.col("rn") <= 2)
 
 
 @pytest.mark.spark
@@ -440,9 +433,14 @@ def test_window_definitions_are_checked_when_written(spark, tmp_path):
     bid = p.read_queue("bids", BIDS)["bid"]
     w = Window.partitionBy("auction").orderBy("dateTime")
     refused = [
-        (F.avg("price").over(Window.partitionBy("auction").orderBy("price")
-                             .rangeBetween(-5, 0)), "value offset"),
-        (F.nth_value("price", 2).over(w), "nth_value is not supported"),
+        (F.expr("sum(price) OVER (PARTITION BY auction ORDER BY dateTime RANGE BETWEEN "
+                "INTERVAL 1 MONTH PRECEDING AND CURRENT ROW)"), "day-time intervals"),
+        (F.expr("sum(price) OVER (PARTITION BY auction ORDER BY CAST(price AS DECIMAL(9, 2)) "
+                "RANGE BETWEEN 2.5 PRECEDING AND CURRENT ROW)"), "decimal"),
+        (F.first("price").over(Window.partitionBy("auction")), "needs an orderBy"),
+        (F.expr("lag(price) IGNORE NULLS OVER (PARTITION BY auction ORDER BY dateTime)"),
+         "IGNORE NULLS"),
+        (F.percentile_approx("price", 0.5).over(w), "not supported"),
         (F.lag("price", -1).over(w), "literal >= 1"),
         (F.row_number().over(w) + 1, "whole column"),
         (F.row_number().over(Window.partitionBy(F.col("auction") % 2).orderBy("price")),
@@ -465,6 +463,15 @@ def test_window_definitions_are_checked_when_written(spark, tmp_path):
     out = out.with_column("around", F.avg("price").over(w.rowsBetween(-1, Window.unboundedFollowing)))
     out = out.with_column("prev", F.lag("channel", 2, "none").over(w))
     assert out.schema.field("prev").type == pa.string()
+    # value-offset RANGE frames, first/last/nth_value, ntile, percent_rank, cume_dist
+    out = bid.with_column("near", F.max("price").over(
+        Window.partitionBy("auction").orderBy(F.desc("price")).rangeBetween(-5, 3)))
+    assert out.schema.field("near").type == pa.int64()
+    out = out.with_column("f", F.first("channel", True).over(w.rowsBetween(-1, 1)))
+    out = out.with_column("nt", F.ntile(4).over(w))
+    out = out.with_column("cd", F.cume_dist().over(w))
+    assert [out.schema.field(c).type for c in ("f", "nt", "cd")] == [
+        pa.string(), pa.int32(), pa.float64()]
     out = bid.with_column("rn", "row_number() OVER (PARTITION BY bidder ORDER BY price)")
     assert out.schema.field("rn").type == pa.int32()
     with pytest.raises(InvalidInput, match="append"):

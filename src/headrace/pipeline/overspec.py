@@ -4,24 +4,33 @@ parameters, through Spark's analyser.
 As for aggregates (aggspec.py), a Column's text is not trusted: the column is added to an empty
 DataFrame with ``withColumn`` and the analysed plan's ``Window`` node is read — the function,
 its argument, the frame, the PARTITION BY and ORDER BY columns with their directions and NULL
-placement. Built: row_number, rank, dense_rank; count/sum/avg/min/max over any ROWS frame
-(``rowsBetween(a, b)``, unbounded either side) and over RANGE frames whose bounds are
-UNBOUNDED or CURRENT ROW — Spark's default frame when ``orderBy`` is given without a frame is
-RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW, the current row's peers included; lag and
-lead with a literal n >= 1 and a literal default. What the kernel cannot do exactly is
-refused here, at definition time, naming it: RANGE frames with value offsets
-(``rangeBetween(-5, 0)``), other functions (nth_value, first, last, ntile, ...), IGNORE
-NULLS, expressions as partition or order keys or arguments (add them with ``with_column``
-first).
+placement. Built: row_number, rank, dense_rank, ntile(n), percent_rank, cume_dist;
+count/sum/avg/min/max and first/last (``ignorenulls`` either way; ``first_value``/
+``last_value``) and nth_value(col, n[, ignoreNulls]) over any ROWS frame (``rowsBetween(a,
+b)``, unbounded either side) and RANGE frame: UNBOUNDED, CURRENT ROW (Spark's default frame
+when ``orderBy`` is given without a frame is RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT
+ROW, the current row's peers included) or value offsets (``rangeBetween(-5, 0)``) over one
+integer, float or date order column, or a day-time interval (``INTERVAL 10 SECONDS
+PRECEDING``, SQL text) over a timestamp; an aggregate over ``Window.partitionBy(...)`` without
+orderBy (Spark's frame: the whole partition); lag and lead with a literal n >= 1 and a literal
+default. What the kernel cannot do exactly is refused here, at definition time, naming it:
+value offsets over decimal order columns, year-month intervals, other functions
+(percentile_approx, collect_list, ...), lag/lead IGNORE NULLS, first/last/nth_value or a
+bounded frame without orderBy, expressions as partition or order keys or arguments (add them
+with ``with_column`` first).
 """
 
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
 
-_RANKING = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank"}
+_RANKING = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank",
+            "NTile": "ntile", "PercentRank": "percent_rank", "CumeDist": "cume_dist"}
 _AGGS = {"count": "count", "sum": "sum", "avg": "avg", "mean": "avg", "min": "min",
          "max": "max"}
+_VALUES = {"first": "first", "first_value": "first", "last": "last", "last_value": "last"}
+_BUILT = ("row_number, rank, dense_rank, ntile, percent_rank, cume_dist, lag, lead, first, "
+          "last, nth_value, count, sum, avg, min, max")
 _OFFSETS = {"Lag": "lag", "Lead": "lead"}
 #: Spark types of a lag/lead default carried as a plain (JSON-able) value
 _DEFAULT_TYPES = {"long", "integer", "short", "byte", "double", "float", "string", "boolean"}
@@ -84,16 +93,26 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     frame_or_offset = None
     if kind in _RANKING:
         func, column = _RANKING[kind], None
+        if func == "ntile":
+            frame_or_offset = _literal_int(fn.buckets(), "ntile's number of buckets", where)
+    elif kind == "NthValue":
+        func = "nth_value"
+        column = _column(fn.input(), "the argument", where, inputs)
+        n = _literal_int(fn.offset(), "nth_value's n", where)
+        frame_or_offset = [None, n, bool(fn.ignoreNulls())]
     elif kind in _OFFSETS:
         func = _OFFSETS[kind]
         column = _column(fn.children().apply(0), "the argument", where, inputs)
         frame_or_offset = _offset(fn, func, where)
     elif kind == "AggregateExpression":
         agg = fn.aggregateFunction()
-        func = _AGGS.get(agg.prettyName().lower())
+        pretty = agg.prettyName().lower()
+        func = _AGGS.get(pretty) or _VALUES.get(pretty)
         if func is None:
             raise InvalidInput(f"{where}: {agg.prettyName()} over a window is not supported; "
-                               f"have row_number, rank, dense_rank and {sorted(set(_AGGS))}")
+                               f"have {_BUILT}")
+        if func in ("first", "last"):
+            frame_or_offset = [None, 1, bool(agg.ignoreNulls())]
         if fn.isDistinct() or fn.filter().isDefined():
             raise InvalidInput(f"{where}: DISTINCT or FILTER in a window function is not "
                                "supported")
@@ -107,10 +126,14 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
             column = _column(arg, "the argument", where, inputs)
     else:
         raise InvalidInput(f"{where}: {fn.prettyName()} is not supported over a window; have "
-                           f"row_number, rank, dense_rank, lag, lead and {sorted(set(_AGGS))}")
-    if func in _AGGS.values():
-        frame_or_offset = _frame(wexpr.windowSpec().frameSpecification(), where)
+                           f"{_BUILT}")
     node = windows[0]
+    if func in _AGGS.values() or func in ("first", "last", "nth_value"):
+        frame = _frame(wexpr.windowSpec().frameSpecification(), node.orderSpec(), where)
+        if func in _AGGS.values():
+            frame_or_offset = frame
+        else:
+            frame_or_offset[0] = frame
     parts, orders = node.partitionSpec(), node.orderSpec()
     partition_by = [_column(parts.apply(i), "partition key", where, inputs) for i in range(parts.size())]
     order_by = []
@@ -155,34 +178,67 @@ def _offset(fn, func: str, where: str) -> list:
     return [n, value]
 
 
-def _bound(b) -> int | None:
-    """A frame bound as an offset from the current row (None: unbounded)."""
+def _literal_int(expr, what: str, where: str) -> int:
+    value = expr.eval(None) if expr.foldable() else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInput(f"{where}: {what} {expr.sql()} is not a literal int >= 1")
+    return value
+
+
+def _bound(b, where: str):
+    """A frame bound as an offset from the current row (None: unbounded): a ROWS bound a row
+    count, a RANGE bound a value (a day-time interval in microseconds)."""
     kind = _cls(b)
     if kind in ("UnboundedPreceding$", "UnboundedFollowing$"):
         return None
     if kind == "CurrentRow$":
         return 0
-    value = b.value() if kind == "Literal" else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else b
+    if not b.foldable():
+        raise InvalidInput(f"{where}: the frame bound {b.sql()} is not a literal")
+    type_name = b.dataType().typeName()
+    try:
+        value = b.eval(None)
+    except Exception as e:  # an ANSI cast of the offset to the order column's type failed
+        raise InvalidInput(f"{where}: the frame bound {b.sql()} cannot be evaluated: "
+                           f"{str(e).splitlines()[0]}") from e
+    if type_name.startswith("interval") and not any(
+            u in type_name for u in ("day", "hour", "minute", "second")):
+        raise InvalidInput(f"{where}: the frame bound {b.sql()} is a {type_name}; only "
+                           "day-time intervals (days .. seconds) are supported")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{where}: the frame bound {b.sql()} of type {type_name} is not "
+                           "supported (integers, floats and day-time intervals are)")
+    return value, type_name.startswith("interval")
 
 
-def _frame(frame, where: str):
-    """The kernel's frame of an aggregate: None / n (ROWS UNBOUNDED or n PRECEDING .. CURRENT
-    ROW, the form pipelines defined before other frames were built keep) or
-    [kind, lower, upper]."""
+def _frame(frame, orders, where: str):
+    """The kernel's frame of an aggregate or value function: None / n (ROWS UNBOUNDED or n
+    PRECEDING .. CURRENT ROW, the form pipelines defined before other frames were built keep)
+    or [kind, lower, upper]; a RANGE frame's value offsets as numbers (microseconds for a
+    timestamp order column, days for a date)."""
     text = frame.sql()
     if _cls(frame) != "SpecifiedWindowFrame":
         raise InvalidInput(f"{where}: the frame {text} is not supported")
     kind = "rows" if _cls(frame.frameType()) == "RowFrame$" else "range"
-    lower, upper = _bound(frame.lower()), _bound(frame.upper())
-    for b in (lower, upper):
-        if b is not None and not isinstance(b, int):
-            raise InvalidInput(f"{where}: the frame {text} has a bound that is not a literal "
-                               "row count")
-    if kind == "range" and (lower not in (None, 0) or upper not in (None, 0)):
-        raise InvalidInput(f"{where}: the RANGE frame {text} has a value offset; only RANGE "
-                           "bounds Window.unboundedPreceding, Window.currentRow and "
-                           "Window.unboundedFollowing are supported (or use rowsBetween)")
+    bounds = []
+    for b in (frame.lower(), frame.upper()):
+        got = _bound(b, where)
+        if isinstance(got, tuple):
+            value, interval = got
+            if kind == "rows" and not isinstance(value, int):
+                raise InvalidInput(f"{where}: the frame {text} has a bound that is not a "
+                                   "literal row count")
+            if kind == "range" and value != 0:
+                order_type = orders.apply(0).child().dataType().typeName()
+                if interval != (order_type in ("timestamp", "timestamp_ntz")):
+                    raise InvalidInput(
+                        f"{where}: the RANGE frame {text} over an order column of type "
+                        f"{order_type} is not supported with a bound of type "
+                        f"{b.dataType().typeName()} (a timestamp takes day-time intervals, "
+                        "a number or date a number)")
+            got = value
+        bounds.append(got)
+    lower, upper = bounds
     if kind == "rows" and upper == 0 and (lower is None or lower <= 0):
         return None if lower is None else -lower
     return [kind, lower, upper]

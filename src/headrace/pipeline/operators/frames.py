@@ -133,3 +133,105 @@ def frame_extreme(col: pa.Array, valid: np.ndarray, lo: np.ndarray, hi: np.ndarr
     winner = np.where(empty, 0, _LOW32 - (best & _LOW32))
     out = col.take(pa.array(winner))
     return as_array(pc.if_else(pa.array(empty), pa.scalar(None, col.type), out))
+
+
+def _sortable(v: np.ndarray) -> np.ndarray:
+    """int64 keys in Spark's order of the values ``v`` (ints as they are; floats with -0.0 =
+    0.0 and every NaN one value above +inf)."""
+    if v.dtype.kind != "f":
+        return v.astype(np.int64)
+    v = np.where(np.isnan(v), np.nan, v.astype(np.float64) + 0.0)  # one NaN, -0.0 -> 0.0
+    bits = v.view(np.int64)
+    return bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
+
+
+def range_targets(col: pa.Array, offset, descending: bool, where: str) -> np.ndarray:
+    """Per row, the order value a RANGE bound ``offset`` reaches from the row's value: value +
+    offset, value - offset under DESC (Spark flips it), in the column's own type as Spark adds
+    (a float32 column in float32). Integers that leave the type's range raise OverflowError
+    naming ``where`` (Spark's ANSI addExact raises on such a bound too)."""
+    t = col.type
+    storage = (pa.int32() if pa.types.is_date32(t) else
+               pa.int64() if pa.types.is_timestamp(t) or pa.types.is_date64(t) else t)
+    v = np.asarray(col.cast(storage).fill_null(0).to_numpy(zero_copy_only=False))
+    off = -offset if descending else offset
+    if v.dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return v + v.dtype.type(off)
+    info = np.iinfo(v.dtype)
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
+    bad = valid & ((v > info.max - off) if off > 0 else (v < info.min - off))
+    if bad.any():
+        raise OverflowError(f"{where}: the order value {v[bad][0]} + {off} leaves the range of "
+                            f"{t}")
+    return v.astype(np.int64) + off
+
+
+def range_bounds(col: pa.Array, descending: bool, nulls_first: bool, part: np.ndarray,
+                 targets: tuple[np.ndarray | None, np.ndarray | None],
+                 ends: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of RANGE frames with value offsets over the ONE order column ``col`` (sorted
+    rows, ``part`` their partition ids): the rows whose value lies between the row's two
+    ``targets`` (range_targets; None: unbounded, ``ends`` = the partition's first and last
+    position there). By binary search over (partition, value rank) — every row's position at
+    once. A NULL order value's bounded sides stop at its peers, the other NULLs (Spark: NULL
+    + offset is NULL, which only NULLs equal)."""
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
+    storage = pa.int32() if pa.types.is_date32(col.type) else (
+        pa.int64() if pa.types.is_timestamp(col.type) or pa.types.is_date64(col.type)
+        else col.type)
+    x = _sortable(np.asarray(col.cast(storage).fill_null(0).to_numpy(zero_copy_only=False)))
+    got = [_sortable(t) for t in targets if t is not None]
+    keys, rank = np.unique(np.concatenate([x[valid], *(g[valid] for g in got)]),
+                           return_inverse=True)
+    if descending:
+        rank = len(keys) - 1 - rank
+    rank = rank + 1  # 0 and len(keys) + 1: NULLs before/after every value
+    nv = int(valid.sum())
+    null_rank = 0 if nulls_first else len(keys) + 1
+    m = np.int64(len(keys) + 2)
+    r = np.full(len(x), null_rank, np.int64)
+    r[valid] = rank[:nv]
+    composite = part.astype(np.int64) * m + r
+    peer_lo = np.searchsorted(composite, composite, "left")
+    peer_hi = np.searchsorted(composite, composite, "right") - 1
+    out = []
+    for j, (target, side) in enumerate(zip(targets, ("left", "right"), strict=True)):
+        if target is None:
+            out.append(ends[j])
+            continue
+        k = sum(t is not None for t in targets[:j])
+        tr = np.full(len(x), null_rank, np.int64)
+        tr[valid] = rank[nv * (k + 1):nv * (k + 2)]
+        b = np.searchsorted(composite, part.astype(np.int64) * m + tr, side)
+        out.append(np.where(valid, b if side == "left" else b - 1,
+                            peer_lo if side == "left" else peer_hi))
+    return out[0], out[1]
+
+
+def nth_position(valid: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: int,
+                 from_end: bool, ignore_nulls: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(position, found) of the ``n``-th row of each frame lo..hi (from its end with
+    ``from_end``), counting only non-NULL rows with ``ignore_nulls``: first / last /
+    nth_value. found is False where the frame holds fewer such rows."""
+    if not ignore_nulls:
+        p = hi - (n - 1) if from_end else lo + (n - 1)
+        return p, (p >= lo) & (p <= hi) & (hi >= lo)
+    c = np.zeros(len(valid) + 1, np.int64)
+    np.cumsum(valid, out=c[1:])
+    have = np.where(hi >= lo, c[np.maximum(hi, lo - 1) + 1] - c[lo], 0)
+    found = have >= n
+    # the k-th non-NULL row from the start is the first position j with c[j + 1] = c[lo] + k
+    k = have - n + 1 if from_end else n
+    p = np.searchsorted(c, c[lo] + k, "left") - 1
+    return np.where(found, p, lo), found
+
+
+def ntile(index: np.ndarray, size: np.ndarray, buckets: int) -> np.ndarray:
+    """Spark's ntile: the ``size`` rows of a partition in ``buckets`` buckets as equal as can
+    be, the first ``size % buckets`` one row larger; ``index`` = the row's 0-based place."""
+    q, r = size // buckets, size % buckets
+    big = r * (q + 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        later = r + (index - big) // np.maximum(q, 1)
+    return np.where(index < big, index // (q + 1), later) + 1

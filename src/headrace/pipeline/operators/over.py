@@ -1,6 +1,9 @@
-"""Window functions over partitions with retractions (``F.row_number().over(w)``, aggregates
-over ROWS frames ``rowsBetween(a, b)`` and RANGE frames with UNBOUNDED/CURRENT ROW bounds —
-Spark's default frame — and ``lag``/``lead``), Spark SQL semantics.
+"""Window functions over partitions with retractions (``F.row_number().over(w)``), Spark SQL
+semantics: row_number, rank, dense_rank, ntile, percent_rank, cume_dist; count/sum/avg/min/max
+and first/last/nth_value (IGNORE NULLS or not) over ROWS frames ``rowsBetween(a, b)`` and RANGE
+frames ``rangeBetween(a, b)`` (UNBOUNDED, CURRENT ROW — Spark's default frame — or value
+offsets over one numeric, date or timestamp order column); an aggregate over the whole
+partition without orderBy; ``lag``/``lead``.
 
 The output is every input row with the functions' values appended, as Spark's
 ``withColumn(name, f.over(w))``. State (one spine, like a join side): key = the normalised
@@ -15,15 +18,24 @@ Evaluation is vectorised across all touched partitions at once: one sort by (par
 keys, the row's encoding), positions and peer groups from run boundaries, row counts and
 integer sums from cumulative sums, double sums as Spark folds them (``0.0 + v1 + v2 ...`` in
 frame order, so the last bits match), min/max by a sparse table over (value rank, first
-position) — see frames.py. A RANGE frame's CURRENT ROW bound is the edge of the row's peer
-group (rows equal on every order key, NULLs equal); lag/lead ignore the frame, as Spark's. Ordering follows Spark: ASC NULLS FIRST / DESC NULLS LAST unless said otherwise,
--0.0 and 0.0 are peers, NaN sorts above every number. Rows that tie on every order key are
-ordered by their encoding, so ``row_number`` is deterministic (Spark's order among such ties
-is not defined); ``rank``/``dense_rank`` are exact either way.
+position), value-offset frame ends by binary search over (partition, value rank) — see
+frames.py. A RANGE frame's CURRENT ROW bound is the edge of the row's peer group (rows equal on
+every order key, NULLs equal); a value offset reaches the rows whose order value lies in
+``[v + a, v + b]`` (``[v - b, v - a]`` under DESC, as Spark flips it), computed in the column's
+type: an integer bound that leaves the type raises, as Spark's ANSI addExact does (Spark skips
+the bound of a partition's last rows when nothing is left to compare; we check every row's);
+a NULL order value's bounded sides reach only the NULLs. lag/lead, ntile, percent_rank and
+cume_dist ignore the frame, as Spark's. Ordering follows Spark: ASC NULLS FIRST / DESC NULLS
+LAST unless said otherwise, -0.0 and 0.0 are peers, NaN sorts above every number. Rows that tie
+on every order key are ordered by their encoding, so ``row_number`` (and first/last among
+peers) is deterministic (Spark's order among such ties is not defined); ``rank``/
+``dense_rank`` are exact either way. Without orderBy only an aggregate over the whole
+partition is accepted (its double sums fold in encoding order; Spark's order is undefined).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +53,10 @@ from headrace.pipeline.operators.frames import (
     frame_bounds,
     frame_extreme,
     frame_sum,
+    nth_position,
+    ntile,
+    range_bounds,
+    range_targets,
     run_ends,
     value_rank,
 )
@@ -53,10 +69,11 @@ from headrace.pipeline.operators.zset import (
     zset,
 )
 
-RANKING = ("row_number", "rank", "dense_rank")
+RANKING = ("row_number", "rank", "dense_rank", "ntile", "percent_rank", "cume_dist")
 AGGREGATES = ("count", "sum", "avg", "min", "max")
+VALUES = ("first", "last", "nth_value")
 OFFSETS = ("lag", "lead")
-FUNCS = RANKING + AGGREGATES + OFFSETS
+FUNCS = RANKING + AGGREGATES + VALUES + OFFSETS
 MAX_ROWS = 1 << 28  # expanded rows (multiplicities) of the touched partitions, per batch
 _M24 = (1 << 24) - 1
 
@@ -68,19 +85,22 @@ class WindowFn:
     ``frame`` of an aggregate: None (ROWS UNBOUNDED PRECEDING .. CURRENT ROW), an int n (ROWS
     n PRECEDING .. CURRENT ROW), or ``[kind, lower, upper]`` with kind "rows" or "range" and
     each bound an offset from the current row (negative: preceding) or None (unbounded); a
-    RANGE bound is 0 (the current row's peers) or None. Of lag/lead: ``[n, default]`` (n >= 1
-    rows back/ahead; default a plain value of the column's type or None). JSON-able, as the
-    plan's params are."""
+    RANGE bound is a value offset (0: the current row's peers; for a timestamp order column
+    in microseconds, for a date in days). Of first/last/nth_value: ``[frame, n,
+    ignore_nulls]`` (n = 1 for first/last). Of lag/lead: ``[n, default]`` (n >= 1 rows
+    back/ahead; default a plain value of the column's type or None). Of ntile: the number of
+    buckets. JSON-able, as the plan's params are."""
 
     func: str
     column: str | None
     name: str
     frame: object = None
 
-    def bounds(self) -> tuple[str, int | None, int | None]:
-        """(kind, lower, upper) of an aggregate's frame, checked (InvalidInput)."""
+    def bounds(self) -> tuple[str, int | float | None, int | float | None]:
+        """(kind, lower, upper) of an aggregate's or value function's frame, checked
+        (InvalidInput)."""
         where = f"window function {self.name!r}"
-        f = self.frame
+        f = self.value_spec()[0] if self.func in VALUES else self.frame
         if f is None:
             return "rows", None, 0
         if isinstance(f, int) and not isinstance(f, bool):
@@ -92,15 +112,36 @@ class WindowFn:
             raise InvalidInput(f"{where}: the frame {f!r} is not None, an int >= 0 or "
                                "[\"rows\" | \"range\", lower, upper]")
         kind, lower, upper = f
+        number = (int, float) if kind == "range" else int
         for b in (lower, upper):
-            if b is not None and (not isinstance(b, int) or isinstance(b, bool)):
-                raise InvalidInput(f"{where}: the frame bound {b!r} is not an int or None")
-        if kind == "range" and any(b not in (None, 0) for b in (lower, upper)):
-            raise InvalidInput(f"{where}: the RANGE frame {f!r} has a value offset; only "
-                               "UNBOUNDED (None) and CURRENT ROW (0) bounds are supported")
+            if b is not None and (not isinstance(b, number) or isinstance(b, bool)
+                                  or b != b or b in (math.inf, -math.inf)):
+                raise InvalidInput(f"{where}: the frame bound {b!r} is not "
+                                   f"{'a finite number' if kind == 'range' else 'an int'} "
+                                   "or None")
         if lower is not None and upper is not None and lower > upper:
             raise InvalidInput(f"{where}: the frame {f!r} starts after it ends")
         return kind, lower, upper
+
+    def value_spec(self) -> tuple[object, int, bool]:
+        """(frame, n, ignore_nulls) of first / last / nth_value, checked (InvalidInput)."""
+        f = self.frame
+        ok = isinstance(f, (list, tuple)) and len(f) == 3
+        n = f[1] if ok else None
+        if (not ok or not isinstance(n, int) or isinstance(n, bool) or n < 1
+                or (self.func != "nth_value" and n != 1) or not isinstance(f[2], bool)):
+            raise InvalidInput(f"window function {self.name!r}: {self.func} takes [frame, n, "
+                               f"ignore_nulls] with an int n >= 1 (1 for first/last) and a "
+                               f"bool, not {f!r}")
+        return f[0], n, f[2]
+
+    def buckets(self) -> int:
+        """ntile's number of buckets, checked (InvalidInput)."""
+        n = self.frame
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < 2**31:
+            raise InvalidInput(f"window function {self.name!r}: ntile takes a number of "
+                               f"buckets in [1, 2^31), not {n!r}")
+        return n
 
     def offset(self) -> tuple[int, object]:
         """(signed row offset, default) of lag (-n) / lead (+n), checked (InvalidInput)."""
@@ -153,18 +194,24 @@ class OverKernel:
                 raise InvalidInput(f"{where}: the name repeats a column or uses the reserved "
                                    f"prefix {PREFIX!r}")
             names.append(fn.name)
-            if not self.order_by:
+            if not self.order_by and not (fn.func in AGGREGATES
+                                          and fn.bounds()[1:] == (None, None)):
                 raise InvalidInput(f"{where}: {fn.func} needs an orderBy (without one the "
-                                   "rows' order in a partition is not defined)")
+                                   "rows' order in a partition is not defined; only an "
+                                   "aggregate over the whole partition does without)")
             if fn.func in RANKING:
                 if fn.column is not None:
                     raise InvalidInput(f"{where}: {fn.func} takes no column")
-                out.append(pa.field(fn.name, pa.int32()))
+                if fn.func == "ntile":
+                    fn.buckets()
+                out.append(pa.field(fn.name, pa.float64() if fn.func in ("percent_rank",
+                                                                         "cume_dist")
+                                    else pa.int32()))
                 continue
             if fn.column is None:
                 if fn.func != "count":
                     raise InvalidInput(f"{where}: {fn.func} needs a column")
-                fn.bounds()
+                self._check_frame(fn, schema)
                 out.append(pa.field(fn.name, pa.int64()))
                 continue
             if fn.column not in schema.names:
@@ -180,7 +227,7 @@ class OverKernel:
                                        f"value of column {fn.column!r}: {e}") from e
                 out.append(pa.field(fn.name, t))
                 continue
-            fn.bounds()
+            self._check_frame(fn, schema)
             if fn.func in ("sum", "avg"):
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or t == pa.uint64():
                     raise InvalidInput(f"{where}: {fn.func} of {t} is not supported over a "
@@ -199,6 +246,35 @@ class OverKernel:
         self.row_codec = keys.RowCodec(schema)
         self.output_schema = pa.schema(out)
         self.out_codec = keys.RowCodec(self.output_schema)
+
+    def _check_frame(self, fn: WindowFn, schema: pa.Schema) -> None:
+        """A RANGE frame with a value offset needs ONE order column of a type that adds."""
+        kind, lower, upper = fn.bounds()
+        offsets = [b for b in (lower, upper) if b not in (None, 0)]
+        if kind != "range" or not offsets:
+            return
+        where = f"window function {fn.name!r}: the RANGE frame {fn.frame!r}"
+        if len(self.order_by) != 1:
+            raise InvalidInput(f"{where} has a value offset, which needs exactly one order "
+                               f"column, not {len(self.order_by)}")
+        col = self.order_by[0].column
+        t = schema.field(col).type
+        if pa.types.is_floating(t):
+            return
+        if pa.types.is_timestamp(t) and t.unit != "us":
+            raise InvalidInput(f"{where}: the order column {col!r} is {t}; value offsets need "
+                               "microseconds")
+        if not (pa.types.is_signed_integer(t) or pa.types.is_date32(t)
+                or pa.types.is_timestamp(t)):
+            raise InvalidInput(f"{where}: the order column {col!r} is {t}; value offsets need "
+                               "a signed integer, float, date or timestamp column")
+        storage = np.dtype(np.int32 if pa.types.is_date32(t) else
+                           np.int64 if pa.types.is_timestamp(t) else t.to_pandas_dtype())
+        top = int(np.iinfo(storage).max)
+        for b in offsets:
+            if not isinstance(b, int) or not -top <= b <= top:
+                raise InvalidInput(f"{where}: the offset {b!r} is not an integer within the "
+                                   f"range of {t} (the order column {col!r})")
 
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.partition_by)
@@ -288,16 +364,63 @@ class OverKernel:
             elif fn.func == "dense_rank":
                 c = np.cumsum(peer_change)
                 cols.append(pa.array((c - c[part_start] + 1).astype(np.int32)))
+            elif fn.func == "ntile":
+                cols.append(pa.array(ntile(pos - part_start, part_end - part_start + 1,
+                                           fn.buckets()).astype(np.int32)))
+            elif fn.func in ("percent_rank", "cume_dist"):
+                size = (part_end - part_start + 1).astype(np.float64)
+                if fn.func == "cume_dist":
+                    cols.append(pa.array((peer_end - part_start + 1) / size))
+                else:
+                    rank = (peer_start - part_start).astype(np.float64)
+                    cols.append(pa.array(np.where(size > 1, rank / np.maximum(size - 1, 1),
+                                                  0.0)))
             elif fn.func in OFFSETS:
                 cols.append(self._offset(fn, as_array(rows[fn.column]), pos, part_start,
                                          part_end))
             else:
                 kind, lower, upper = fn.bounds()
-                lo, hi = frame_bounds(kind, lower, upper, pos, part_start, part_end,
-                                      peer_start, peer_end)
+                lo, hi = self._frame_rows(fn, kind, lower, upper, rows, part_s, pos,
+                                          (part_start, part_end, peer_start, peer_end))
                 col = None if fn.column is None else as_array(rows[fn.column])
-                cols.append(self._frame_agg(fn, col, lo, hi, new_part, lower is None))
+                if fn.func in VALUES:
+                    cols.append(self._value(fn, col, lo, hi))
+                else:
+                    cols.append(self._frame_agg(fn, col, lo, hi, new_part, lower is None))
         return pa.Table.from_arrays(cols, schema=self.output_schema)
+
+    def _frame_rows(self, fn: WindowFn, kind: str, lower, upper, rows: pa.Table,
+                    part: np.ndarray, pos: np.ndarray, ends: tuple) -> tuple:
+        """(lo, hi) of each sorted row's frame; an empty frame as lo = pos, hi = pos - 1."""
+        part_start, part_end, peer_start, peer_end = ends
+        if kind == "rows" or all(b in (None, 0) for b in (lower, upper)):
+            return frame_bounds(kind, lower, upper, pos, part_start, part_end, peer_start,
+                                peer_end)
+        o = self.order_by[0]
+        col = as_array(rows[o.column])
+        where = (f"window function {fn.name!r}: RANGE frame bound over order column "
+                 f"{o.column!r}")
+        try:
+            targets = tuple(None if b is None else range_targets(col, b, o.descending, where)
+                            for b in (lower, upper))
+        except OverflowError as e:
+            raise ArithmeticOverflow(f"{e}; Spark in ANSI mode raises here too "
+                                     "(ARITHMETIC_OVERFLOW)") from None
+        lo, hi = range_bounds(col, o.descending, o.nulls_go_first, part, targets,
+                              (part_start, part_end))
+        empty = lo > hi
+        return np.where(empty, pos, lo), np.where(empty, pos - 1, hi)
+
+    @staticmethod
+    def _value(fn: WindowFn, col: pa.Array, lo: np.ndarray, hi: np.ndarray) -> pa.Array:
+        """first / last / nth_value: the n-th row of the frame (from its end for last),
+        NULL where the frame holds fewer rows (non-NULL rows, with IGNORE NULLS)."""
+        _, n, ignore_nulls = fn.value_spec()
+        valid = (np.ones(len(col), bool) if col.null_count == 0 else
+                 np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool))
+        p, found = nth_position(valid, lo, hi, n, fn.func == "last", ignore_nulls)
+        taken = col.take(pa.array(np.where(found, p, 0)))
+        return as_array(pc.if_else(pa.array(found), taken, pa.scalar(None, col.type)))
 
     @staticmethod
     def _offset(fn: WindowFn, col: pa.Array, pos: np.ndarray, part_start: np.ndarray,
