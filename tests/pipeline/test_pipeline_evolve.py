@@ -125,8 +125,10 @@ def test_new_removed_and_changed_parts():
 
     with pytest.raises(GraphChanged, match="'totals_op' \\(operator #0\\) does not match"):
         base(agg="sum(price)").evolve(stored)
-    with pytest.raises(GraphChanged, match="different operator graph: its state layout"):
-        base(Plan(buckets=8)).evolve(stored)
+    assert base(Plan(buckets=8)).evolve(stored).rescale_from == 4  # re-bucketed (rescale.py)
+    assert base().evolve(stored).rescale_from is None
+    with pytest.raises(GraphChanged, match="its state_backend is not 'local\\+backup'"):
+        base(Plan(backend="local+backup")).evolve(stored)
     other_queue = base()
     other_queue.write_shard(other_queue.read_queue("more", {"x": "k long"})["x"], "xs")
     with pytest.raises(GraphChanged, match=r"new parts read queue\(s\) \['more'\]"):

@@ -12,11 +12,15 @@ upstream lineage (``plan.node_digests``). On restart the current graph is matche
 * an operator whose ordinal is stored with another digest has changed (or a part was inserted
   before it): refused, since its state was computed by another definition.
 
-Replaying the queue's retained history into new parts is not built. See docs/pipeline.md.
+A layout that differs only in ``buckets`` (same state backend, reservoir) is not refused: the
+evolution names the stored bucket count (``rescale_from``) and the runner re-buckets the state
+once before the next batch (rescale.py). Replaying the queue's retained history into new parts
+is not built. See docs/pipeline.md.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from headrace.errors import HeadraceError
@@ -45,6 +49,18 @@ class Evolution:
     new_ops: list[str] = field(default_factory=list)
     new_sinks: list[str] = field(default_factory=list)  # shards
     removed: list[str] = field(default_factory=list)  # "operator 'x'" / "sink 'shard'"
+    rescale_from: int | None = None  # the stored state's buckets, when only they differ
+
+
+@functools.lru_cache(maxsize=4)
+def _layouts(backend: str) -> dict[int, int]:
+    """layout digest -> buckets, for every bucket count (the digest is all progress holds)."""
+    return {layout_digest(b, backend): b for b in range(1, 65536)}
+
+
+def stored_buckets(layout: int, backend: str) -> int | None:
+    """The bucket count of a stored layout digest under ``backend`` (None: another backend)."""
+    return _layouts(backend).get(layout)
 
 
 def reconcile(stored: dict[str, int], nodes: list[Node], sinks: list[Sink], *, buckets: int,
@@ -61,12 +77,20 @@ def reconcile(stored: dict[str, int], nodes: list[Node], sinks: list[Sink], *, b
             raise GraphChanged(f"pipeline {pipeline!r}: stored progress was written by a "
                                "different operator graph; use a new name or root")
         return Evolution(current)
+    was = None
     if old.layout != current.layout:
-        raise GraphChanged(f"pipeline {pipeline!r}: stored progress was written by a different "
-                           f"operator graph: its state layout differs (buckets={buckets}, "
-                           f"state_backend={backend!r} now); use the old ones, or a new name "
-                           "or root")
-    evo = Evolution(current)
+        was = stored_buckets(old.layout, backend)
+        if was is None:
+            raise GraphChanged(f"pipeline {pipeline!r}: stored progress was written by a "
+                               "different operator graph: its state layout differs (its "
+                               f"state_backend is not {backend!r}); use the old state_backend, "
+                               "or a new name or root")
+        if backend != "reservoir":
+            raise GraphChanged(f"pipeline {pipeline!r}: its state has {was} buckets, "
+                               f"buckets={buckets} now: re-bucketing the state needs "
+                               f"state_backend='reservoir' (not {backend!r}); use "
+                               f"buckets={was}, or a new name or root")
+    evo = Evolution(current, rescale_from=was)
     by_op = {n.op: n for n in nodes if isinstance(n, Operator)}
     was = {name: op for op, (name, _) in old.ops.items()}
     for op, (name, _) in sorted(ops.items()):

@@ -201,7 +201,13 @@ class Pipeline(PipelineBuilder):
     def recover(self) -> int:
         """Bring every output up to the progress shard; returns the time to continue at.
         The graph may have gained parts since (evolve.py): new sinks' shards are brought to
-        the current time by an empty link, and start from there."""
+        the current time by an empty link, and start from there. Stored state with another
+        bucket count is re-bucketed after that, as an empty batch (rescale.py)."""
+        from headrace.pipeline.rescale import recover_rescaled
+
+        return recover_rescaled(self, self._recover)
+
+    def _recover(self) -> int:
         upper = self.persist.upper(self.progress_shard) or 0
         self.time = upper
         self.bindings = progress_at(self.persist, self.progress_shard, upper - 1)
