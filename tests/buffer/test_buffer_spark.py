@@ -51,8 +51,9 @@ def test_stop_between_micro_batches_and_restart_is_exactly_once(spark, tmp_path)
     q.stop()
     assert 2 <= len(sink) < 4
     produced += produce(url, 4, 3)
-    # run 2: same checkpoint, availableNow drains the rest and ends
-    q = run_query(spark, url, ckpt, sink).trigger(availableNow=True).start()
+    # run 2: same checkpoint, availableNow drains the rest and ends; each queue batch read by
+    # two tasks (splits_per_batch) — still each row once
+    q = run_query(spark, url, ckpt, sink, splits_per_batch=2).trigger(availableNow=True).start()
     q.awaitTermination(120)
     assert q.exception() is None
     sink = [row for rows in sink.values() for row in rows]
@@ -96,3 +97,27 @@ def test_batch_to_arrow_maps_metadata_ranges():
     assert rb.column("ingestion_time_ms").to_pylist() == [None, 5, 6]
     assert rb.column("metadata").to_pylist() == [None, b"m1", b"m2"]
     assert Fenced.__mro__[1].__name__ == "HeadraceError"
+
+
+def test_a_batch_split_over_tasks_is_read_whole_once_each_entry_keeping_its_index(tmp_path):
+    """splits_per_batch=k: k partitions per queue batch, whose reads together are the batch,
+    each entry once and with its index in the batch (dead letters name it)."""
+    url = str(tmp_path / "q")
+    produce(url, 0, 1, per_call=10)
+    produce(url, 1, 1, per_call=1)  # fewer entries than splits: some splits read nothing
+    for k in (1, 3):
+        reader = QueueStreamReader({"url": url, "gc_interval_s": "0", "splits_per_batch": k})
+        parts = reader.partitions({"sequence": 0}, {"sequence": 2})
+        assert len(parts) == 2 * k
+        rows = [(s, i, e) for part in parts for rb in reader.read(part)
+                for s, i, e in zip(rb.column("sequence").to_pylist(),
+                                   rb.column("index").to_pylist(),
+                                   rb.column("entry").to_pylist(), strict=True)]
+        assert sorted(rows) == [(0, j, f"r0-{j}".encode()) for j in range(10)] + [(1, 0, b"r1-0")]
+        assert len(rows) == 11
+        if k == 3:  # the first batch's entries spread over its three splits
+            sizes = [sum(len(rb) for rb in reader.read(part)) for part in parts[:3]]
+            assert sizes == [3, 3, 4]
+        reader.stop()
+    with pytest.raises(ValueError, match="splits_per_batch"):
+        QueueStreamReader({"url": url, "splits_per_batch": "0"})

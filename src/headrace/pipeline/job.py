@@ -148,6 +148,9 @@ def warm_workers(spark, ctx: TaskContextSpec, on_requests=None):
 
     def run():
         try:
+            # a DataFrame job, though an RDD job would skip Catalyst's planning: SQL's Python
+            # tasks do not reuse the workers an RDD job starts (other environment variables,
+            # so another worker pool: checked by worker pids)
             rows = spark.range(0, n, 1, n).mapInArrow(warm, "requests string").collect()
             if on_requests is not None:
                 for r in rows:
@@ -191,7 +194,8 @@ def task_fn(spec: StageSpec, ctx: TaskContextSpec):
     return fn
 
 
-def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int):
+def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int,
+             splits: int = 1):
     """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS read by executors (the
     driver lists the manifest only)."""
     from headrace.buffer import list_entries
@@ -205,21 +209,26 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
                         "needed to recover")
     # the few (sequence, location, metadata) travel in the task function; spark.range only
     # numbers them (a DataFrame built from driver data costs a stage and, on a cold restart, a
-    # Python worker's start-up of its own)
+    # Python worker's start-up of its own). Each batch is read by ``splits`` tasks, as the
+    # queue source does (splits_per_batch): task i keeps share i % splits of batch i // splits.
     todo = [(e.sequence, e.location, [(m.start_index, m.ingestion_time_ms, m.payload)
                                       for m in e.metadata]) for e in entries]
+    k = max(1, splits)
 
     def read(batches):
         from headrace.spark.queue_source import read_batches
 
         for b in batches:
-            mine = [todo[i] for i in b.column(0).to_pylist()]
-            for rb in read_batches(url, manifest, manifest.rpartition("/")[0], mine):
-                yield pa.RecordBatch.from_arrays(
-                    [pa.repeat(pa.scalar(queue, pa.string()), rb.num_rows), rb.column("sequence"),
-                     rb.column("index"), rb.column("entry")], names=list(ENTRY_COLUMNS))
+            for i in b.column(0).to_pylist():
+                for rb in read_batches(url, manifest, manifest.rpartition("/")[0],
+                                       [todo[i // k]], (i % k, k)):
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.repeat(pa.scalar(queue, pa.string()), rb.num_rows),
+                         rb.column("sequence"), rb.column("index"), rb.column("entry")],
+                        names=list(ENTRY_COLUMNS))
 
-    return spark.range(0, len(todo), 1, min(len(todo), partitions)).mapInArrow(read, ENTRY_DDL)
+    n = len(todo) * k
+    return spark.range(0, n, 1, min(n, max(partitions, k))).mapInArrow(read, ENTRY_DDL)
 
 
 ENTRY_DDL = "queue string, sequence long, index int, entry binary"

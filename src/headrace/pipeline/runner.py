@@ -263,7 +263,7 @@ class Pipeline(PipelineBuilder):
     def _range_df(self, queue: str, after: int, through: int):
         try:
             return range_df(self.spark, self.store, self.root, queue, after, through,
-                            self.partitions)
+                            self.partitions, self._splits_per_batch())
         except RangeGone as e:
             raise PipelineError(str(e)) from e
 
@@ -514,13 +514,19 @@ class Pipeline(PipelineBuilder):
 
         streams = []
         for q in self.queues:
+            # a queue batch read by one task per core: the first stage (fetch, JSON parse,
+            # bucket hash, shuffle write) would otherwise run on one core
             r = (self.spark.readStream.format("headrace.queue").option("url", self.root)
-                 .option("manifest_path", f"{q}/manifest"))
+                 .option("manifest_path", f"{q}/manifest")
+                 .option("splits_per_batch", str(self._splits_per_batch())))
             if self.batches_per_trigger:
                 r = r.option("max_batches_per_trigger", str(self.batches_per_trigger))
             streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index",
                                            "entry"))
         return reduce(lambda a, b: a.unionByName(b), streams)
+
+    def _splits_per_batch(self) -> int:
+        return max(1, min(self.partitions, self.spark.sparkContext.defaultParallelism))
 
     def start(self, processing_time: str = "1 second"):
         """Run in the background; returns a :class:`~headrace.pipeline.query.PipelineQuery`

@@ -9,6 +9,9 @@ stateless, never touching the manifest. ``commit(end)`` acks through ``end - 1``
 
 Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
+``splits_per_batch`` (default 1: a queue batch read by that many tasks, each fetching it and
+keeping its share of the entries — a trade of k - 1 extra GETs per batch for a first stage that
+uses k cores; the pipeline sets it to Spark's default parallelism),
 ``data_path_prefix`` (default: the manifest's folder, so ``q/manifest`` reads batches under
 ``q/``; a location outside it is refused), ``gc_interval_s`` / ``gc_grace_period_s`` (the
 consumer's collector; 0 turns it off). A batch that cannot be read raises the buffer's typed
@@ -49,16 +52,18 @@ ARROW_SCHEMA = pa.schema([("sequence", pa.int64()), ("index", pa.int32()),
 
 
 class QueuePartition(InputPartition):
-    """The batches one task reads: (sequence, location, metadata items) each."""
+    """The batches one task reads: (sequence, location, metadata items) each; of each batch
+    only share ``split[0]`` of ``split[1]`` equal shares of its entries."""
 
     def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
                  manifest_path: str = DEFAULT_MANIFEST_PATH,
-                 data_path_prefix: str = DEFAULT_DATA_PREFIX):
+                 data_path_prefix: str = DEFAULT_DATA_PREFIX, split: tuple[int, int] = (0, 1)):
         super().__init__(batches[0][0] if batches else 0)
         self.url = url
         self.batches = batches
         self.manifest_path = manifest_path
         self.data_path_prefix = data_path_prefix
+        self.split = split
 
 
 def _int_option(options, name: str, default: int | None, minimum: int) -> int | None:
@@ -85,6 +90,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.data_path_prefix = options.get("data_path_prefix", default_prefix)
         self.max_batches = _int_option(options, "max_batches_per_trigger", None, 1)
         self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
+        self.splits_per_batch = _int_option(options, "splits_per_batch", 1, 1)
         self.gc_interval_s = float(options.get("gc_interval_s", "300"))
         self.gc_grace_period_s = float(options.get("gc_grace_period_s", "600"))
         self._consumer: Consumer | None = None
@@ -158,13 +164,15 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batches = [(s, self._planned[s].location,
                     [(m.start_index, m.ingestion_time_ms, m.payload)
                      for m in self._planned[s].metadata]) for s in wanted]
-        n = self.batches_per_partition
+        n, k = self.batches_per_partition, self.splits_per_batch
         return [QueuePartition(self.url, batches[i : i + n], self.manifest_path,
-                               self.data_path_prefix) for i in range(0, len(batches), n)]
+                               self.data_path_prefix, (j, k))
+                for i in range(0, len(batches), n) for j in range(k)]
 
     def read(self, partition: QueuePartition) -> Iterator[pa.RecordBatch]:
         yield from read_batches(partition.url, partition.manifest_path,
-                                partition.data_path_prefix, partition.batches)
+                                partition.data_path_prefix, partition.batches,
+                                partition.split)
 
     def commit(self, end: dict) -> None:
         through = int(end["sequence"]) - 1
@@ -180,9 +188,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_batches(url: str, manifest_path: str, data_path_prefix: str,
-                 batches: list[tuple[int, str, list[tuple[int, int, bytes]]]]):
-    """Executor side: fetch and decode each (sequence, location, metadata) batch; a recorded
-    skip yields nothing, an unreadable batch raises the buffer's typed error."""
+                 batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
+                 split: tuple[int, int] = (0, 1)):
+    """Executor side: fetch and decode each (sequence, location, metadata) batch, keeping
+    share ``split[0]`` of ``split[1]`` of its entries; a recorded skip yields nothing, an
+    unreadable batch raises the buffer's typed error."""
+    share, shares = split
     store = open_store(url)
     retry = RetryPolicy()
     for sequence, location, metadata in batches:
@@ -190,7 +201,11 @@ def read_batches(url: str, manifest_path: str, data_path_prefix: str,
                           data_path_prefix=data_path_prefix, retry=retry)
         if isinstance(got, SkipRecord):
             continue
-        yield batch_to_arrow(got, sequence, location, metadata)
+        rb = batch_to_arrow(got, sequence, location, metadata)
+        if shares > 1:  # zero-copy: the entries keep their index within the batch
+            lo, hi = len(rb) * share // shares, len(rb) * (share + 1) // shares
+            rb = rb.slice(lo, hi - lo)
+        yield rb
 
 
 def batch_to_arrow(block: DecodedBlock, sequence: int, location: str,
