@@ -86,30 +86,75 @@ def many_parts(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def runnable_docs(tmp_path_factory) -> dict[str, dict]:
-    """Every examples/*.py (each on a new local folder store) and every python block of DOCS
-    (in a new working directory each), run once in one subprocess by run_docs.py.
-    {job name: {"ok": bool, "out": its stdout}}; the subprocess's stderr under "stderr"."""
+_DOCS_RUN: dict = {}  # the background run of examples and doc blocks (pytest_collection_finish)
+
+
+def _start_docs_run() -> dict:
+    """Start run_docs.py over every examples/*.py (each on a new local folder store) and every
+    python block of DOCS (in a new working directory each), in one subprocess."""
     import json
     import os
     import subprocess
     import sys
+    import tempfile
 
-    base = tmp_path_factory.mktemp("runnable")
+    base = Path(tempfile.mkdtemp(prefix="headrace-runnable-"))
     jobs = [{"name": p.name, "kind": "example", "path": str(p), "arg": str(base / p.stem)}
             for p in sorted((REPO / "examples").glob("*.py"))]
     for md in DOCS:
         (base / md.stem).mkdir()
         jobs.append({"name": md.name, "kind": "doc", "path": str(md), "arg": str(base / md.stem)})
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_docs.py")),
-                           json.dumps(jobs)], capture_output=True, text=True, env=env,
-                          timeout=1500, cwd=base)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    sections = re.split(r"^=== (.+)\n", proc.stdout, flags=re.M)[1:]
-    results: dict[str, dict] = {"stderr": {"ok": True, "out": proc.stderr}}
-    print(proc.stderr)  # each job's time (pytest shows it with -s or on a failure)
+    out, err = open(base / "stdout.txt", "wb"), open(base / "stderr.txt", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("run_docs.py")),
+                             json.dumps(jobs)], stdout=out, stderr=err, env=env, cwd=base)
+    return {"base": base, "proc": proc, "files": (out, err)}
+
+
+def pytest_collection_finish(session) -> None:
+    """The examples and doc blocks take minutes of mostly waiting (Spark start-up, scheduling):
+    when a selected test needs them, start their run now, beside the rest of the suite."""
+    if any("runnable_docs" in getattr(item, "fixturenames", ()) for item in session.items):
+        _DOCS_RUN.update(_start_docs_run())
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The tests that read the background run go last, so it has the whole suite's time."""
+    uses = ["runnable_docs" in getattr(item, "fixturenames", ()) for item in items]
+    items[:] = [i for i, u in zip(items, uses, strict=True) if not u] + \
+        [i for i, u in zip(items, uses, strict=True) if u]
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    import shutil
+
+    if _DOCS_RUN:
+        if _DOCS_RUN["proc"].poll() is None:  # the session stopped early (-x, ^C)
+            _DOCS_RUN["proc"].kill()
+            _DOCS_RUN["proc"].wait()
+        for f in _DOCS_RUN["files"]:
+            f.close()
+        shutil.rmtree(_DOCS_RUN["base"], ignore_errors=True)
+        _DOCS_RUN.clear()
+
+
+@pytest.fixture(scope="session")
+def runnable_docs() -> dict[str, dict]:
+    """The background run's results: {job name: {"ok": bool, "out": its stdout}}; the
+    subprocess's stderr under "stderr"."""
+    if not _DOCS_RUN:
+        _DOCS_RUN.update(_start_docs_run())
+    run = _DOCS_RUN
+    run["proc"].wait(timeout=1500)
+    for f in run["files"]:
+        f.flush()
+    base = run["base"]
+    stdout = (base / "stdout.txt").read_text(errors="replace")
+    stderr = (base / "stderr.txt").read_text(errors="replace")
+    assert run["proc"].returncode == 0, stderr[-3000:]
+    sections = re.split(r"^=== (.+)\n", stdout, flags=re.M)[1:]
+    results: dict[str, dict] = {"stderr": {"ok": True, "out": stderr}}
+    print(stderr)  # each job's time (pytest shows it with -s or on a failure)
     for name, out in zip(sections[::2], sections[1::2], strict=True):
         if name.startswith("FAILED "):
             results[name.removeprefix("FAILED ")]["ok"] = False
