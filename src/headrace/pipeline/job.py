@@ -46,11 +46,9 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     sources = [n for n in nodes if isinstance(n, SourceTable)]
     decoder = decoder or Decoder(sources, max_entry_bytes)
     columns = {} if columns is None else columns
-    # a queue batch is one input partition: a stateless path to a sink runs in the decode's
-    # tasks, so spread the entries over the stage's tasks for it; stateful operators shuffle
-    # by key anyway, and the extra shuffle would cost more than parsing in one task
-    if any(isinstance(n, Operator) and not n.state_sides for n in nodes):
-        entries_df = entries_df.repartition(partitions)
+    # no repartition of the entries: the queue source (and range_df on recovery) already
+    # reads each queue batch in one task per core (splits_per_batch), so a stateless path to
+    # a sink runs spread over the cores in the decode's tasks, with no shuffle of raw entries
     # every table's branch and the bad-entry branch read the parsed entries: parse them once
     entries_df = decoder.parse(entries_df).persist(StorageLevel.MEMORY_AND_DISK)
     persisted = [entries_df]
