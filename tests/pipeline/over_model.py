@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pyarrow as pa
-from conformance import NAN, ExpectOverflow, canon_row, table  # noqa: I001
+from conformance import NAN, ExpectOverflow, KernelConformance, canon_row, table  # noqa: I001
 
 from headrace.pipeline import keys
 
@@ -215,3 +215,25 @@ class Model:
         for x in xs:
             acc = acc + float(x)
         return (acc / len(xs) if fn.func == "avg" else acc), False
+
+
+class OverCase(KernelConformance):
+    """A window-function conformance class: its kernel and its model are built from one
+    ``spec`` = (schema, partition columns, order keys, functions)."""
+
+    spec: tuple
+
+    @functools.cached_property
+    def model_(self) -> Model:
+        return Model(*self.spec)
+
+    def make_kernel(self):
+        from headrace.pipeline.operators.over import OverKernel
+
+        return OverKernel(*self.spec)
+
+    def model(self, net):
+        return self.model_.rows(net[0])
+
+    def spark_may_raise(self, net):
+        return self.model_.rows(net[0], overflow_steps=True)

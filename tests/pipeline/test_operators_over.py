@@ -12,13 +12,12 @@ from conformance import (  # (tests/pipeline is on sys.path)
     INF,
     NAN,
     DictZSet,
-    KernelConformance,
     canon,
     fixed_stream,
     out_counter,
     table,
 )
-from over_model import Model
+from over_model import Model, OverCase
 
 from headrace.errors import InvalidInput
 from headrace.pipeline import keys
@@ -87,23 +86,10 @@ V_MODEL = [1.5, -0.0, 0.0, NAN, INF, -INF, None, 1e308, 0.1, 1e-300]
 V_SPARK = [1.5, 0.0, NAN, INF, -INF, None, 1e308, 0.1, -2.0]
 
 
-def _roll_kernel():
-    return OverKernel(ROLL, ["p"], ROLL_ORDER, ROLL_FUNCS)
-
-
-class TestOverRolling(KernelConformance):
+class TestOverRolling(OverCase):
     schemas = [ROLL]
     sql = ROLL_SQL
-    model_ = Model(ROLL, ["p"], ROLL_ORDER, ROLL_FUNCS)
-
-    def make_kernel(self):
-        return _roll_kernel()
-
-    def model(self, net):
-        return self.model_.rows(net[0])
-
-    def spark_may_raise(self, net):
-        return self.model_.rows(net[0], overflow_steps=True)
+    spec = (ROLL, ["p"], ROLL_ORDER, ROLL_FUNCS)
 
     def value_lists(self, input_index, spark):
         return [P_VALUES, O_VALUES, S_VALUES, V_SPARK if spark else V_MODEL]
@@ -132,18 +118,12 @@ _RW = "PARTITION BY d ORDER BY o DESC NULLS FIRST, s ASC NULLS LAST"
 RANK_SQL = f"SELECT *, rank() OVER ({_RW}) AS rk, dense_rank() OVER ({_RW}) AS dr FROM in0"
 
 
-class TestOverRanks(KernelConformance):
+class TestOverRanks(OverCase):
     """Ties are exact for rank/dense_rank; NULL, -0.0/0.0 and NaN partition keys."""
 
     schemas = [RANKS]
     sql = RANK_SQL
-    model_ = Model(RANKS, ["d"], RANK_ORDER, RANK_FUNCS)
-
-    def make_kernel(self):
-        return OverKernel(RANKS, ["d"], RANK_ORDER, RANK_FUNCS)
-
-    def model(self, net):
-        return self.model_.rows(net[0])
+    spec = (RANKS, ["d"], RANK_ORDER, RANK_FUNCS)
 
     def value_lists(self, input_index, spark):
         return [[0.0, -0.0, NAN, None, 1.5], [1, 2, None, 2], ["a", None, "b"]]

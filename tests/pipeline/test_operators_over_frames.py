@@ -10,12 +10,11 @@ from conformance import (  # (tests/pipeline is on sys.path)
     INF,
     NAN,
     DictZSet,
-    KernelConformance,
     fixed_stream,
     out_counter,
     table,
 )
-from over_model import Model
+from over_model import Model, OverCase
 from test_operators_over import (
     O_VALUES,
     P_VALUES,
@@ -60,24 +59,15 @@ PEER_SQL = (f"SELECT *, sum(x) OVER ({_PW}) AS run, count(*) OVER ({_PW}) AS n, 
             f"percent_rank() OVER ({_PW}) AS pr, cume_dist() OVER ({_PW}) AS cd FROM in0")
 
 
-class TestOverPeers(KernelConformance):
+class TestOverPeers(OverCase):
     """Spark's default frame and RANGE frames: ties in ORDER BY (NULLs tie with NULLs) are in
     each other's frames. The values are integers and strings, so no result depends on the
     order among peers (which Spark leaves open)."""
 
     schemas = [PEERS]
     sql = PEER_SQL
-    model_ = Model(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
+    spec = (PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
     test_matches_spark = None  # the awkward stream is this class's one Spark check (budget)
-
-    def make_kernel(self):
-        return OverKernel(PEERS, ["p"], PEER_ORDER, PEER_FUNCS)
-
-    def model(self, net):
-        return self.model_.rows(net[0])
-
-    def spark_may_raise(self, net):
-        return self.model_.rows(net[0], overflow_steps=True)
 
     def value_lists(self, input_index, spark):
         return [[1, 2, None], [0, 1, 1, None], [5, -3, None, 7], ["a", "b", None]]
@@ -123,7 +113,7 @@ VRANGE_SQL = (f"SELECT *, sum(x) OVER ({_VW} RANGE BETWEEN 1.5 PRECEDING AND 0.5
               "FROM in0")
 
 
-class TestOverValueRange(KernelConformance):
+class TestOverValueRange(OverCase):
     """RANGE BETWEEN a AND b with value offsets over one ascending double order column: the
     frame is the rows whose t lies in [t + a, t + b]; NULL t (first) reaches only the NULLs on
     a bounded side, -0.0 = 0.0, NaN above +inf (NaN + a is NaN: its peers), inf + a = inf.
@@ -131,17 +121,8 @@ class TestOverValueRange(KernelConformance):
 
     schemas = [VRANGE]
     sql = VRANGE_SQL
-    model_ = Model(VRANGE, ["p"], VRANGE_ORDER, VRANGE_FUNCS)
+    spec = (VRANGE, ["p"], VRANGE_ORDER, VRANGE_FUNCS)
     test_matches_spark = None  # the awkward stream is this class's one Spark check (budget)
-
-    def make_kernel(self):
-        return OverKernel(VRANGE, ["p"], VRANGE_ORDER, VRANGE_FUNCS)
-
-    def model(self, net):
-        return self.model_.rows(net[0])
-
-    def spark_may_raise(self, net):
-        return self.model_.rows(net[0], overflow_steps=True)
 
     def value_lists(self, input_index, spark):
         return [[1, 2, None], [0.0, -0.0, 1.0, 1.5, 2.5, NAN, INF, -INF, None, 1e308],
@@ -170,21 +151,15 @@ WHOLE_FUNCS = [WindowFn("sum", "o", "total", ["rows", None, None]),
                WindowFn("avg", "v", "mean", ["rows", None, None])]
 
 
-class TestOverWholePartition(KernelConformance):
+class TestOverWholePartition(OverCase):
     """``F.sum("o").over(Window.partitionBy("p"))``: Spark's frame is every row of the
     partition (ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING); checked against
     Spark through the pipeline test below."""
 
     schemas = [ROLL]
     sql = ""
-    model_ = Model(ROLL, ["p"], [], WHOLE_FUNCS)
+    spec = (ROLL, ["p"], [], WHOLE_FUNCS)
     test_matches_spark = test_awkward_values_spark = None
-
-    def make_kernel(self):
-        return OverKernel(ROLL, ["p"], [], WHOLE_FUNCS)
-
-    def model(self, net):
-        return self.model_.rows(net[0])
 
     def value_lists(self, input_index, spark):
         return [P_VALUES, O_VALUES, S_VALUES, V_MODEL]
