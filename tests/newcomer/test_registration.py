@@ -42,20 +42,6 @@ spark.stop()
 """
 
 
-def test_data_sources_work_on_a_plain_session_without_register(tmp_path):
-    venv_bin = str(Path(sys.executable).parent)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_TESTING")}
-    # an activated venv: `python3` on the PATH is the one with headrace (Spark's default)
-    env.update(PATH=f"{venv_bin}{os.pathsep}{env.get('PATH', '')}", SPARK_LOCAL_IP="127.0.0.1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"entries": ["e1", "e2", "e3"],
-                                                               "shard": [1, 2]}
-    assert "replaced a statically registered" not in out.stderr
-
-
 FALLBACK = r"""
 import sys
 from pyspark.sql import SparkSession
@@ -77,13 +63,48 @@ spark.stop()
 """
 
 
-def test_register_still_works_where_the_lookup_is_off(tmp_path):
-    """PySpark skips its lookup of pyspark_* packages when the JVM's default Python
-    (PYSPARK_DRIVER_PYTHON, else PYSPARK_PYTHON, else python3) cannot be run: then
-    register(spark) registers both data sources on the session."""
-    env = {**os.environ, "PYSPARK_DRIVER_PYTHON": str(tmp_path / "no-python"),
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Both fresh processes, run at once (each is mostly a JVM's start-up: the suite's time)."""
+    base = tmp_path_factory.mktemp("registration")
+    venv_bin = str(Path(sys.executable).parent)
+    plain = {k: v for k, v in os.environ.items()
+             if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_TESTING")}
+    # an activated venv: `python3` on the PATH is the one with headrace (Spark's default)
+    plain.update(PATH=f"{venv_bin}{os.pathsep}{plain.get('PATH', '')}",
+                 SPARK_LOCAL_IP="127.0.0.1")
+    # PySpark skips its lookup of pyspark_* packages when the JVM's default Python
+    # (PYSPARK_DRIVER_PYTHON, else PYSPARK_PYTHON, else python3) cannot be run
+    off = {**os.environ, "PYSPARK_DRIVER_PYTHON": str(base / "no-python"),
            "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    out = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path / "store")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    runs = {}
+    for name, script, env in (("plain", SCRIPT, plain), ("lookup_off", FALLBACK, off)):
+        d = base / name
+        d.mkdir()
+        with open(d / "out", "w") as out, open(d / "err", "w") as err:  # no pipe to fill
+            runs[name] = subprocess.Popen([sys.executable, "-c", script, str(d / "store")],
+                                          stdout=out, stderr=err, text=True, env=env, cwd=d)
+    done = {}
+    for name, proc in runs.items():
+        proc.wait(timeout=600)
+        done[name] = subprocess.CompletedProcess(
+            proc.args, proc.returncode, (base / name / "out").read_text(),
+            (base / name / "err").read_text())
+    return done
+
+
+def test_data_sources_work_on_a_plain_session_without_register(children):
+    out = children["plain"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"entries": ["e1", "e2", "e3"],
+                                                               "shard": [1, 2]}
+    assert "replaced a statically registered" not in out.stderr
+
+
+def test_register_still_works_where_the_lookup_is_off(children):
+    """Where PySpark's lookup is off, register(spark) registers both data sources on the
+    session."""
+    out = children["lookup_off"]
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-2:] == ["not found", "[5]"]
