@@ -20,7 +20,6 @@ is not built. See docs/pipeline.md.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from headrace.errors import HeadraceError
@@ -52,15 +51,18 @@ class Evolution:
     rescale_from: int | None = None  # the stored state's buckets, when only they differ
 
 
-@functools.lru_cache(maxsize=4)
-def _layouts(backend: str) -> dict[int, int]:
-    """layout digest -> buckets, for every bucket count (the digest is all progress holds)."""
-    return {layout_digest(b, backend): b for b in range(1, 65536)}
+STATE_BACKENDS = ("reservoir", "local+backup")
 
 
-def stored_buckets(layout: int, backend: str) -> int | None:
-    """The bucket count of a stored layout digest under ``backend`` (None: another backend)."""
-    return _layouts(backend).get(layout)
+def stored_layout(layout: int) -> tuple[int, str] | None:
+    """(buckets, state backend) of a stored layout digest, the digest being all progress
+    holds: searched from 1 bucket up, so the usual counts are found in microseconds (a digest
+    of no layout costs the whole range, ~1 s, once, on a refused restart)."""
+    for buckets in range(1, 65536):
+        for backend in STATE_BACKENDS:
+            if layout_digest(buckets, backend) == layout:
+                return buckets, backend
+    return None
 
 
 def reconcile(stored: dict[str, int], nodes: list[Node], sinks: list[Sink], *, buckets: int,
@@ -79,12 +81,14 @@ def reconcile(stored: dict[str, int], nodes: list[Node], sinks: list[Sink], *, b
         return Evolution(current)
     was = None
     if old.layout != current.layout:
-        was = stored_buckets(old.layout, backend)
-        if was is None:
+        found = stored_layout(old.layout)
+        if found is None or found[1] != backend:
+            then = "unknown" if found is None else repr(found[1])
             raise GraphChanged(f"pipeline {pipeline!r}: stored progress was written by a "
                                "different operator graph: its state layout differs (its "
-                               f"state_backend is not {backend!r}); use the old state_backend, "
-                               "or a new name or root")
+                               f"state_backend is not {backend!r}: {then}); use the old "
+                               "state_backend, or a new name or root")
+        was = found[0]
         if backend != "reservoir":
             raise GraphChanged(f"pipeline {pipeline!r}: its state has {was} buckets, "
                                f"buckets={buckets} now: re-bucketing the state needs "

@@ -55,7 +55,7 @@ from headrace.pipeline.decode import (
     Decoder,
 )
 from headrace.pipeline.eventtime import event_time_bindings, expiring, watermark_of
-from headrace.pipeline.evolve import GraphChanged, reconcile
+from headrace.pipeline.evolve import STATE_BACKENDS, GraphChanged, reconcile
 from headrace.pipeline.job import RangeGone, range_df, run_stages, warm_workers
 from headrace.pipeline.outputs import OutputCollector
 from headrace.pipeline.plan import Node, Sink, SourceTable
@@ -120,7 +120,7 @@ class Pipeline(PipelineBuilder):
         if on_bad_entry not in ("fail", "dead_letter"):
             raise InvalidInput(f"on_bad_entry must be 'fail' or 'dead_letter', "
                                f"got {on_bad_entry!r}")
-        if state_backend not in ("reservoir", "local+backup"):
+        if state_backend not in STATE_BACKENDS:
             raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
                                f"got {state_backend!r}")
         self.spark = spark
