@@ -121,3 +121,27 @@ def test_a_batch_split_over_tasks_is_read_whole_once_each_entry_keeping_its_inde
         reader.stop()
     with pytest.raises(ValueError, match="splits_per_batch"):
         QueueStreamReader({"url": url, "splits_per_batch": "0"})
+
+
+def test_retain_batches_keeps_the_newest_consumed_batches_in_the_queue(tmp_path):
+    """retain_batches=N: a committed micro-batch leaves its newest N queue batches in the
+    queue (a pipeline part added later replays them), older ones are dequeued as before; the
+    next micro-batch starts after them. Without the option every consumed batch goes."""
+    for retain, left, after in ((0, [], []), (2, [3, 4], [4, 5])):
+        url = str(tmp_path / f"q{retain}")
+        produce(url, 0, 5, per_call=1)
+        reader = QueueStreamReader({"url": url, "gc_interval_s": "0",
+                                    "retain_batches": retain})
+        end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+        reader.commit(end)
+        assert [e.sequence for e in list_entries(open_store(url), "ingest/manifest",
+                                                 None)] == left
+        produce(url, 5, 1, per_call=1)
+        nxt = reader.latestOffset(end, reader.getDefaultReadLimit())
+        assert [p.batches[0][0] for p in reader.partitions(end, nxt)] == [5]
+        reader.commit(nxt)
+        assert [e.sequence for e in list_entries(open_store(url), "ingest/manifest",
+                                                 None)] == after
+        reader.stop()
+    with pytest.raises(ValueError, match="retain_batches"):
+        QueueStreamReader({"url": url, "retain_batches": "-1"})

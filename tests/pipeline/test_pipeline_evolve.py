@@ -180,10 +180,33 @@ def test_old_single_fingerprint_progress():
 
 def test_sink_start_values():
     p = base()
-    with pytest.raises(InvalidInput, match="start='history'.*is not built"):
-        p.write_shard(p.nodes[0], "hist", start="history")
-    with pytest.raises(InvalidInput, match="start must be 'now' or None"):
+    p.write_shard(p.nodes[0], "hist", start="history")
+    with pytest.raises(InvalidInput, match="start must be 'now', 'history' or None"):
         p.write_shard(p.nodes[0], "later", start="tomorrow")
+
+
+def test_history_sinks_read_new_parts_only_and_seeded_operators_are_declared():
+    """start='history' replays the queue through new parts: a history sink behind an
+    operator with state from before is refused (even an operator's own sink), and a new
+    from-now sink that reads an operator the history seeds must say start='now'."""
+    stored = base().committed(**{"in": 9})
+    on_old = base()
+    on_old.write_shard(on_old.nodes[1], "totals_hist", start="history")
+    with pytest.raises(GraphChanged, match="'totals_hist' \\(start='history'\\) reads "
+                                           "'totals_op'.*through new parts only"):
+        on_old.evolve(stored)
+    fine = base()
+    fresh = fine.aggregate(fine.nodes[0], ["price"], {"n": "count"}, "by_price")
+    fine.write_shard(fresh, "prices", start="history")
+    fine.write_shard(fine.nodes[0], "raw_hist", start="history")  # a source: fine too
+    evo = fine.evolve(stored)
+    assert (evo.new_ops, sorted(evo.new_sinks)) == (["by_price"], ["prices", "raw_hist"])
+    fine.write_shard(fine.distinct(fresh, "later_op"), "later")  # start=None: refused
+    with pytest.raises(GraphChanged, match="new sink 'later' reads 'by_price', which starts "
+                                           "from the queue's history"):
+        fine.evolve(stored)
+    fine.sinks[-1].start = "now"
+    assert "later" in fine.evolve(stored).new_sinks
 
 
 # ---- one Spark run: a pipeline gains a sink and operators --------------------------------

@@ -270,17 +270,16 @@ class PipelineBuilder:
         """The node's changes go to persist shard ``shard`` at each batch's time. ``start``
         matters for a sink added to a pipeline that has run (evolve.py): it starts from now;
         behind an operator with state from before, only ``start="now"`` accepts that the shard
-        then gets that operator's changes from now, not its current result."""
+        then gets that operator's changes from now, not its current result.
+        ``start="history"``: the sink, and the new operators it reads, first replay the
+        consumed batches the queues still hold (``Pipeline(retain_batches=N)``; history.py)."""
         node = _node(node)
         self._check_inputs([node])
         if mode not in SINK_MODES:
             raise InvalidInput(f"write_shard mode must be one of {SINK_MODES}, got {mode!r}")
-        if start == "history":
-            raise InvalidInput(f"shard {shard!r}: start='history' (replaying the queue's "
-                               "retained entries into new parts) is not built; new parts start "
-                               "from now (start='now')")
         if start not in SINK_STARTS:
-            raise InvalidInput(f"shard {shard!r}: start must be 'now' or None, got {start!r}")
+            raise InvalidInput(f"shard {shard!r}: start must be 'now', 'history' or None, "
+                               f"got {start!r}")
         final = _behind_maps(node)  # filters and projections of final rows are final rows
         if mode == "append":
             if not (isinstance(final, Operator) and final.expiry

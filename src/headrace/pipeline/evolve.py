@@ -14,8 +14,9 @@ upstream lineage (``plan.node_digests``). On restart the current graph is matche
 
 A layout that differs only in ``buckets`` (same state backend, reservoir) is not refused: the
 evolution names the stored bucket count (``rescale_from``) and the runner re-buckets the state
-once before the next batch (rescale.py). Replaying the queue's retained history into new parts
-is not built. See docs/pipeline.md.
+once before the next batch (rescale.py). A new sink written with ``start="history"`` (and the
+new operators it reads) starts from the queue's retained history instead (history.py). See
+docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from headrace.pipeline.plan import (
 )
 from headrace.pipeline.progress import GRAPH_KEY, WM_KEY, StoredGraph, stored_graph
 
-SINK_STARTS = (None, "now")
+SINK_STARTS = (None, "now", "history")
 
 
 class GraphChanged(HeadraceError, ValueError):
@@ -169,11 +170,30 @@ def _check_new_parts(stored: dict[str, int], nodes: list[Node], sinks: list[Sink
     for s in sinks:
         if s.shard in evo.new_sinks and s.start != "now":
             old = old_state_behind(s.node) or (s.node if id(s.node) in stateful else None)
+            if old is not None and s.start == "history":
+                raise GraphChanged(
+                    f"pipeline {pipeline!r}: new sink {s.shard!r} (start='history') reads "
+                    f"{old.name!r}, which has state from before: the history is replayed "
+                    "through new parts only; build the sink over sources, stateless steps and "
+                    "new operators, or use start='now'")
             if old is not None:
                 raise GraphChanged(
                     f"pipeline {pipeline!r}: new sink {s.shard!r} reads {old.name!r}, which "
                     "has state from before: the shard would get only its changes from now, "
                     "not its current result; write_shard(..., start='now') accepts that")
+    # new operators a history sink reads start with the history in their state: a new sink
+    # from now that reads them would get retractions of rows it never saw, unless it says so
+    seeded = {id(n): n for s in sinks if s.shard in evo.new_sinks and s.start == "history"
+              for n in upstream(s.node) if isinstance(n, Operator) and n.state_sides}
+    for s in sinks:
+        if s.shard in evo.new_sinks and s.start is None:
+            hit = next((n for n in upstream(s.node) if id(n) in seeded), None)
+            if hit is not None:
+                raise GraphChanged(
+                    f"pipeline {pipeline!r}: new sink {s.shard!r} reads {hit.name!r}, which "
+                    "starts from the queue's history (another sink has start='history'): "
+                    "write it with start='history' too, or start='now' to get only its "
+                    "changes from now")
     bound = {q for q in stored if not q.startswith("__")}
     read = {n.queue for n in nodes if isinstance(n, SourceTable)}
     added = sorted(read - bound - {n.queue for n in nodes

@@ -55,7 +55,8 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     frames, checked = decoder.split(entries_df)
     # per input partition: its entry count and its bad entries, in the job's last stage
     control = [checked.mapInArrow(entries_task(
-        {(s.queue, s.table): schema_to_bytes(s.schema) for s in sources}, max_entry_bytes,
+        {(s.queue, s.table): schema_to_bytes(s.schema) for s in decoder.sources},
+        max_entry_bytes,
         dead_letter,
         writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
         spark_ddl(CONTROL_SCHEMA))]

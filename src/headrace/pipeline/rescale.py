@@ -40,6 +40,7 @@ import pyarrow as pa
 from headrace.errors import FormatError, HeadraceError, NotFound
 from headrace.pipeline import keys as rowkeys
 from headrace.pipeline.evolve import GraphChanged, reconcile
+from headrace.pipeline.history import HISTORY_KEY, HISTORY_SINK_KEY, history_sinks
 from headrace.pipeline.job import bucket_expr
 from headrace.pipeline.plan import Operator, layout_digest, spark_ddl
 from headrace.pipeline.progress import (
@@ -270,6 +271,12 @@ def recover_rescaled(p, recover) -> int:
     except GraphChanged:
         return recover()  # which refuses it, as before
     old = evo.rescale_from
+    history = [s.shard for s in history_sinks(p.sinks, evo.new_sinks)]
+    if old is not None and history:
+        raise RescaleError(f"pipeline {p.name!r}: new sink(s) {history} start from the "
+                           f"queue's history and the state is re-bucketed from {old} to "
+                           f"{p.buckets} buckets in the same restart: restart once with "
+                           f"buckets={old} first (nothing was changed)")
     if old is None and not _uncommitted_rescale(p, stored):
         return recover()
     target = p.buckets
@@ -354,7 +361,8 @@ def rescale(p, old: int) -> None:
         _kill_point("after_checkpoint")
     p._graph_bindings()  # the graph rows (set by recover), now with the new layout
     p._graph.layout = layout_digest(new, p.state_backend)
-    graph_keys = (OP_KEY, SINK_KEY, RETIRED_KEY, LAYOUT_KEY, GRAPH_KEY, RESCALE_KEY)
+    graph_keys = (OP_KEY, SINK_KEY, RETIRED_KEY, LAYOUT_KEY, GRAPH_KEY, RESCALE_KEY,
+                  HISTORY_KEY, HISTORY_SINK_KEY)  # and a history batch's markers
     bindings = {k: v for k, v in p.bindings.items() if k.split(":", 1)[0] not in graph_keys}
     if version is not None:
         bindings[STATE_KEY] = int(version)

@@ -56,6 +56,8 @@ from headrace.pipeline.decode import (
 )
 from headrace.pipeline.eventtime import event_time_bindings, expiring, watermark_of
 from headrace.pipeline.evolve import STATE_BACKENDS, GraphChanged, reconcile
+from headrace.pipeline.history import replay as replay_history
+from headrace.pipeline.history import stored_history
 from headrace.pipeline.job import RangeGone, range_df, run_stages, warm_workers
 from headrace.pipeline.outputs import OutputCollector
 from headrace.pipeline.plan import Node, Sink, SourceTable
@@ -112,7 +114,7 @@ class Pipeline(PipelineBuilder):
                  checkpoint_dir: str | None = None, cache_dir: str | None = None, store=None,
                  batches_per_trigger: int | None = None, local_root: str | None = None,
                  on_bad_entry: str = "fail", max_entry_bytes: int = MAX_ENTRY_BYTES,
-                 output_inline_max: int = INLINE_MAX):
+                 output_inline_max: int = INLINE_MAX, retain_batches: int = 0):
         if not 1 <= buckets <= 65535:
             raise InvalidInput(f"buckets must be in [1, 65535], got {buckets}")
         if partitions is not None and not 1 <= partitions <= 65535:
@@ -120,6 +122,9 @@ class Pipeline(PipelineBuilder):
         if on_bad_entry not in ("fail", "dead_letter"):
             raise InvalidInput(f"on_bad_entry must be 'fail' or 'dead_letter', "
                                f"got {on_bad_entry!r}")
+        if isinstance(retain_batches, bool) or not isinstance(retain_batches, int) or (
+                retain_batches < 0):
+            raise InvalidInput(f"retain_batches must be an integer >= 0, got {retain_batches!r}")
         if state_backend not in STATE_BACKENDS:
             raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
                                f"got {state_backend!r}")
@@ -138,6 +143,8 @@ class Pipeline(PipelineBuilder):
         # the driver's store; tasks open ``root`` themselves (``store`` is for fault injection)
         self.store = CountingStore(store if store is not None else open_store(self.root))
         self.batches_per_trigger = batches_per_trigger
+        # consumed queue batches each queue keeps for parts added with start="history"
+        self.retain_batches = retain_batches
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -160,6 +167,8 @@ class Pipeline(PipelineBuilder):
         self._columns: dict = {}  # Columns the same every batch (job.run_stages)
         self._warm_requests: list[dict] = []  # filled by job.warm_workers' thread
         self._graph = None  # the graph rows of the progress bindings (recover)
+        self._evolution = None  # what recover found new, kept or removed (evolve.py)
+        self.last_history = None  # the history batch of this run, if any (history.py)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -201,11 +210,14 @@ class Pipeline(PipelineBuilder):
     def recover(self) -> int:
         """Bring every output up to the progress shard; returns the time to continue at.
         The graph may have gained parts since (evolve.py): new sinks' shards are brought to
-        the current time by an empty link, and start from there. Stored state with another
-        bucket count is re-bucketed after that, as an empty batch (rescale.py)."""
+        the current time by an empty link, and start from there, or from the queue's retained
+        history (history.py). Stored state with another bucket count is re-bucketed after
+        that, as an empty batch (rescale.py)."""
+        from headrace.pipeline.history import run_history
         from headrace.pipeline.rescale import recover_rescaled
 
-        return recover_rescaled(self, self._recover)
+        recover_rescaled(self, self._recover)
+        return run_history(self)
 
     def _recover(self) -> int:
         upper = self.persist.upper(self.progress_shard) or 0
@@ -218,6 +230,7 @@ class Pipeline(PipelineBuilder):
         except GraphChanged as e:
             raise PipelineError(str(e)) from e
         self._graph = evo.graph
+        self._evolution = evo
         if upper and evo.removed:
             log.warning("pipeline %r: removed since the last run (state and shards left as "
                         "they are): %s", self.name, ", ".join(evo.removed))
@@ -236,7 +249,13 @@ class Pipeline(PipelineBuilder):
                 raise PipelineError(f"shard {shard!r} is at {su}, progress at {upper}: "
                                     "written by something else?")
             behind.append((shard, schema))
-        if behind:
+        history = stored_history(self.bindings) if behind else None
+        if history is not None:  # batch t-1 was a history batch
+            log.info("recovering outputs of history batch %d for %s", upper - 1,
+                     [s for s, _ in behind])
+            replay_history(self, upper - 1, history, behind)
+            self.metrics["replayed_batches"] += 1
+        elif behind:
             t = upper - 1
             prev = progress_at(self.persist, self.progress_shard, t - 1)
             log.info("recovering outputs of batch %d for %s", t, [s for s, _ in behind])
@@ -326,22 +345,35 @@ class Pipeline(PipelineBuilder):
         self._process_range(entries, ends)
 
     def _process_range(self, df, ends: dict[str, int | None], no_data: bool = False) -> None:
-
-        t0 = time.perf_counter()
-        batch_counts = self.store.counts()
         afters = {q: self.bindings.get(q, -1) for q in self.queues}
         ends = {q: max(afters[q], ends[q] if ends.get(q) is not None else -1)
                 for q in self.queues}
         if not no_data and ends == afters:
             return  # everything in this Spark batch was processed before a restart
-        t = self.time
-        prev_version = self.bindings.get(STATE_KEY)
         # one SQL condition: a Column built call by call costs ~20 JVM round trips per batch
         df = df.filter(" OR ".join(f"(queue = {_sql_string(q)} AND sequence > {afters[q]} AND "
                                    f"sequence <= {ends[q]})" for q in self.queues))
         watermark = watermark_of(self.nodes, self.bindings)
+        new = self._commit_batch(df, ends, watermark=watermark)
+        if expiring(self.nodes) and watermark_of(self.nodes, new) != watermark:
+            # Spark's "no-data batch": windows the new watermark closes are expired (and, in
+            # append mode, emitted) now, not when more input happens to arrive
+            self._process_range(df.limit(0), ends, no_data=True)
+
+    def _commit_batch(self, df, ends: dict[str, int], *, watermark: int | None,
+                      nodes: list[Node] | None = None, shards: set[str] | None = None,
+                      marks: dict[str, int] | None = None) -> dict[str, int]:
+        """Run batch t over ``df`` (entries through ``ends``), checkpoint the state, commit
+        progress, link every output; returns the new bindings. ``nodes``/``shards``: only
+        that part of the graph runs (the history batch, history.py; other shards get empty
+        links); ``marks``: extra progress bindings of this batch."""
+        t0 = time.perf_counter()
+        batch_counts = self.store.counts()
+        t = self.time
+        prev_version = self.bindings.get(STATE_KEY)
         result = self._run_stages(df, prev_version, t=t, write_state=True,
-                                  shards={s for s, _ in self._outputs()}, watermark=watermark)
+                                  shards={s for s, _ in self._outputs()} if shards is None
+                                  else shards, watermark=watermark, nodes=nodes)
         if self.state_backend == "local+backup":
             # the state of time t = the previous buckets' snapshots + the ones changed now;
             # a crashed earlier attempt of t may have left a manifest: not committed, replace it
@@ -353,7 +385,8 @@ class Pipeline(PipelineBuilder):
             storage.absorb(result["runs"])
             version = storage.checkpoint()
         new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
-               **self._graph_bindings(), **event_time_bindings(self.nodes, self.bindings, result["wm"])}
+               **self._graph_bindings(), **(marks or {}),
+               **event_time_bindings(self.nodes, self.bindings, result["wm"])}
         commit_progress(self.persist, self.progress_shard, t, self.bindings, new)
         if result["indexes"]:  # recorded durably: make the snapshots permanent
             from headrace.spark.local_state import finalize
@@ -380,10 +413,7 @@ class Pipeline(PipelineBuilder):
         if self.on_batch is not None:
             self.on_batch(dict(self.last_batch))
         log.info("batch t=%d: through %s, state v%d, %.3f s", t, ends, version, seconds)
-        if expiring(self.nodes) and watermark_of(self.nodes, new) != watermark:
-            # Spark's "no-data batch": windows the new watermark closes are expired (and, in
-            # append mode, emitted) now, not when more input happens to arrive
-            self._process_range(df.limit(0), ends, no_data=True)
+        return new
 
     def _outputs(self) -> list[tuple[str, pa.Schema]]:
         """Every shard a batch writes at its time: the sinks, and the dead-letter shard."""
@@ -399,8 +429,10 @@ class Pipeline(PipelineBuilder):
 
     # ---- the Spark job of a micro-batch ------------------------------------------------
     def _run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
-                    shards: set[str], watermark: int | None = None) -> dict:
-        """Run every operator over the entries in one Spark job; absorb its control rows."""
+                    shards: set[str], watermark: int | None = None,
+                    nodes: list[Node] | None = None) -> dict:
+        """Run every operator (or ``nodes``) over the entries in one Spark job; absorb its
+        control rows."""
         ctx = TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
                               run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}", cache_dir=self.cache_dir,
                               write_state=write_state, backend=self.state_backend,
@@ -410,10 +442,10 @@ class Pipeline(PipelineBuilder):
         # lease refreshed by every link), so no sweep deletes them before they are linked
         writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
         rows = run_stages(
-            self.spark, self.nodes, entries_df, ctx, t=t, partitions=self.partitions,
-            buckets=self.buckets, sinks={id(s.node): [x.shard for x in self.sinks
-                                                      if x.node is s.node and x.shard in shards]
-                                         for s in self.sinks},
+            self.spark, self.nodes if nodes is None else nodes, entries_df, ctx, t=t,
+            partitions=self.partitions, buckets=self.buckets,
+            sinks={id(s.node): [x.shard for x in self.sinks
+                                if x.node is s.node and x.shard in shards] for s in self.sinks},
             writer_ids=writer_ids, persist_root=self.persist.root,
             inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
             dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
@@ -518,7 +550,8 @@ class Pipeline(PipelineBuilder):
             # bucket hash, shuffle write) would otherwise run on one core
             r = (self.spark.readStream.format("headrace.queue").option("url", self.root)
                  .option("manifest_path", f"{q}/manifest")
-                 .option("splits_per_batch", str(self._splits_per_batch())))
+                 .option("splits_per_batch", str(self._splits_per_batch()))
+                 .option("retain_batches", str(self.retain_batches)))
             if self.batches_per_trigger:
                 r = r.option("max_batches_per_trigger", str(self.batches_per_trigger))
             streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index",

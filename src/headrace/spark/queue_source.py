@@ -12,7 +12,10 @@ Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``splits_per_batch`` (default 1: a queue batch read by that many tasks, each fetching it and
 keeping its share of the entries — a trade of k - 1 extra GETs per batch for a first stage that
 uses k cores; the pipeline sets it to Spark's default parallelism),
-``data_path_prefix`` (default: the manifest's folder, so ``q/manifest`` reads batches under
+``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
+in the queue, so a pipeline part added later can replay them — ``start="history"``; the
+manifest and the stored batches grow by N batches), ``data_path_prefix`` (default: the
+manifest's folder, so ``q/manifest`` reads batches under
 ``q/``; a location outside it is refused), ``gc_interval_s`` / ``gc_grace_period_s`` (the
 consumer's collector; 0 turns it off). A batch that cannot be read raises the buffer's typed
 error (``MissingBatch`` names sequence and location); one recorded with ``headrace queue skip``
@@ -91,6 +94,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_batches = _int_option(options, "max_batches_per_trigger", None, 1)
         self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
         self.splits_per_batch = _int_option(options, "splits_per_batch", 1, 1)
+        self.retain_batches = _int_option(options, "retain_batches", 0, 0)
         self.gc_interval_s = float(options.get("gc_interval_s", "300"))
         self.gc_grace_period_s = float(options.get("gc_grace_period_s", "600"))
         self._consumer: Consumer | None = None
@@ -176,8 +180,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         through = int(end["sequence"]) - 1
-        if through >= 0:
-            self.consumer.ack_through(through)
+        if through - self.retain_batches >= 0:  # the newest retain_batches stay in the queue
+            self.consumer.ack_through(through - self.retain_batches)
             self.consumer.flush()
         for s in [s for s in self._planned if s <= through]:
             del self._planned[s]

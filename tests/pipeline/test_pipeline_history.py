@@ -1,0 +1,97 @@
+"""A part added with ``write_shard(start="history")`` starts from the queue's retained history
+(history.py): one Spark run with a crash between the history batch's commit and its link."""
+
+from __future__ import annotations
+
+import pytest
+from test_pipeline_evolve import BID, _rows  # noqa: I001  (tests/pipeline is on sys.path)
+
+pytestmark = pytest.mark.spark
+
+
+def _define(spark, root: str, ckpt: str, *, grown: bool):
+    """totals = count and sum per auction; grown: + big = count and max of bids > 1000 per
+    auction, from the queue's history, and a from-now sink of the big bids themselves."""
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.runner import Pipeline
+
+    p = Pipeline(spark, root, name="hi", partitions=2, buckets=4, checkpoint_dir=ckpt,
+                 batches_per_trigger=1, retain_batches=1)
+    bids = p.read_queue("in", {"bid": BID})["bid"]
+    bids.group_by("auction").agg(F.count("*").alias("n"), F.sum("price").alias("s")) \
+        .write_shard("hi.totals")
+    if grown:
+        big = bids.filter(F.col("price") > 1000)
+        big.group_by("auction").agg(F.count("*").alias("n"), F.max("price").alias("top")) \
+            .write_shard("hi.big", start="history")
+        big.write_shard("hi.big_rows", start="now")
+    return p
+
+
+def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash(spark,
+                                                                                 tmp_path):
+    """Three queue batches run; the queue keeps the newest two (retain_batches=1, plus the
+    run's last batch, which Spark acknowledges when the next run starts). A new aggregate
+    with start='history' is added: its history batch replays those kept batches; the driver
+    crashes after the commit point, before the new shard's link. The restart links the
+    replayed history once; then new input runs. The new shard equals batch SQL over the kept
+    batch + the new input (the dequeued batch is not history), the old one over everything,
+    the from-now sink over the new input only."""
+    from pyspark.sql import functions as F
+
+    from headrace.buffer import list_entries
+    from headrace.store import open_store
+    from headrace.testing.queries import (
+        batch_result,
+        encode_entries,
+        produce_entries,
+        rows_equal,
+    )
+
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    first, later = _rows(3, 60), _rows(4, 60)
+    produce_entries(root, "in", encode_entries("bid", first[:20]))
+    produce_entries(root, "in", encode_entries("bid", first[20:40]))
+    produce_entries(root, "in", encode_entries("bid", first[40:])
+                    + encode_entries("bid", first[40:45], weight=-1))
+    _define(spark, root, ckpt, grown=False).run(until_idle=True)
+    # batch 0 dequeued; batch 1 retained; batch 2, the run's last, is acked by the next run
+    assert [e.sequence for e in list_entries(open_store(root), "in/manifest", None)] == [1, 2]
+
+    crashing = _define(spark, root, ckpt, grown=True)
+    link = crashing._link_outputs
+
+    def crash_before_the_history_link(outputs, t, shards):  # the commit point has passed
+        link(outputs, t, [s for s in shards if s[0] != "hi.big"])
+        raise RuntimeError("crash before linking hi.big")
+
+    crashing._link_outputs = crash_before_the_history_link
+    with pytest.raises(RuntimeError, match="crash before linking hi.big"):
+        crashing.recover()
+    assert crashing.persist.upper("hi.progress") == crashing.persist.upper("hi.big") + 1
+    assert crashing.last_history is None  # it raised before recording the batch
+
+    produce_entries(root, "in", encode_entries("bid", later))
+    p = _define(spark, root, ckpt, grown=True)
+    p.run(until_idle=True)
+    assert p.metrics["replayed_batches"] == 1 and p.metrics["history_batches"] == 0
+
+    def per_auction(s):
+        return s["bid"].groupBy("auction").agg(F.count("*").alias("n"),
+                                               F.sum("price").alias("s"))
+
+    def big(s):
+        return s["bid"].filter(F.col("price") > 1000).groupBy("auction").agg(
+            F.count("*").alias("n"), F.max("price").alias("top"))
+
+    def big_rows(s):
+        return s["bid"].filter(F.col("price") > 1000)
+
+    net = first[:40] + first[45:] + later
+    for shard, rows, query in (("hi.totals", net, per_auction),
+                               ("hi.big", first[20:40] + first[45:] + later, big),
+                               ("hi.big_rows", later, big_rows)):
+        equal, why = rows_equal(p.read_shard(shard), batch_result(spark, {"bid": BID},
+                                                                  {"bid": rows}, query))
+        assert equal, f"{shard}: {why}"
