@@ -6,6 +6,22 @@ from __future__ import annotations
 import pytest
 from test_pipeline_evolve import BID, _rows  # noqa: I001  (tests/pipeline is on sys.path)
 
+_CHILD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[3])  # tests/pipeline
+from headrace.testing.spark import local_spark
+from test_pipeline_history import _define
+spark = local_spark("history-child", master="local[2]", shuffle_partitions=2)
+p = _define(spark, sys.argv[1], sys.argv[2], grown=True)
+link = p._link_outputs
+def link_then_die(outputs, t, shards):
+    link(outputs, t, [s for s in shards if s[0] != "hi.big"])
+    os.kill(os.getpid(), signal.SIGKILL)
+p._link_outputs = link_then_die
+p.recover()
+print("not killed", flush=True)
+"""
+
 pytestmark = pytest.mark.spark
 
 
@@ -34,13 +50,19 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     """Three queue batches run; the queue keeps the newest two (retain_batches=1, plus the
     run's last batch, which Spark acknowledges when the next run starts). A new aggregate
     with start='history' is added: its history batch replays those kept batches; the driver
-    crashes after the commit point, before the new shard's link. The restart links the
+    is SIGKILLed after the commit point, before the new shard's link. The restart links the
     replayed history once; then new input runs. The new shard equals batch SQL over the kept
     batch + the new input (the dequeued batch is not history), the old one over everything,
     the from-now sink over the new input only."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
     from pyspark.sql import functions as F
 
     from headrace.buffer import list_entries
+    from headrace.persist import PersistClient
     from headrace.store import open_store
     from headrace.testing.queries import (
         batch_result,
@@ -59,18 +81,22 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     # batch 0 dequeued; batch 1 retained; batch 2, the run's last, is acked by the next run
     assert [e.sequence for e in list_entries(open_store(root), "in/manifest", None)] == [1, 2]
 
-    crashing = _define(spark, root, ckpt, grown=True)
-    link = crashing._link_outputs
-
-    def crash_before_the_history_link(outputs, t, shards):  # the commit point has passed
-        link(outputs, t, [s for s in shards if s[0] != "hi.big"])
-        raise RuntimeError("crash before linking hi.big")
-
-    crashing._link_outputs = crash_before_the_history_link
-    with pytest.raises(RuntimeError, match="crash before linking hi.big"):
-        crashing.recover()
-    assert crashing.persist.upper("hi.progress") == crashing.persist.upper("hi.big") + 1
-    assert crashing.last_history is None  # it raised before recording the batch
+    # a child driver defines the grown pipeline and is SIGKILLed inside its history batch,
+    # after the commit point, once every shard but the new one is linked
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, root, ckpt,
+                              os.path.dirname(os.path.abspath(__file__))], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             start_new_session=True)
+    out, _ = child.communicate(timeout=600)
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # its JVM, if still up
+    except ProcessLookupError:
+        pass
+    assert child.returncode == -signal.SIGKILL and "not killed" not in out
+    persist = PersistClient(open_store(root))
+    assert persist.upper("hi.progress") == persist.upper("hi.big") + 1
+    assert persist.upper("hi.totals") == persist.upper("hi.progress")
 
     produce_entries(root, "in", encode_entries("bid", later))
     p = _define(spark, root, ckpt, grown=True)
