@@ -165,13 +165,17 @@ def run_headrace(spark, name: str, root: str, ckpt: str, partitions: int) -> dic
     wall -= sum(b.get("probe_s", 0.0) for b in per_batch)
     result = p.read_shard(f"{name}.out")
     steady = per_batch[1:] or per_batch
+    # Spark's triggerExecution of each batch with input, as Spark's own figure is measured
+    # (a no-data batch that expires windows runs inside the trigger before it)
+    triggers = [x["trigger_s"] for x in p.spark_progress if x["input_rows"] > 0]
     live = [b["live"] for b in per_batch]
     return {"wall_s": wall, "batches": len(per_batch), "result": result,
             "state_puts_per_batch": statistics.mean(b["new_objects"] for b in steady),
             "state_bytes_max": max(live), "state_bytes_mid": live[(len(live) - 1) // 2],
             "state_bytes_end": live[-1], "state_stored_bytes_end": per_batch[-1]["stored"],
             "batch_s_p50": statistics.median(b["seconds"] for b in per_batch),
-            "steady_batch_s": statistics.median(b["seconds"] for b in steady),
+            "steady_batch_s": statistics.median(triggers[1:] or triggers),
+            "steady_batch_s_in_batch_function": statistics.median(b["seconds"] for b in steady),
             "late_rows": int(p.metrics.get("late_rows", 0)),
             "driver_requests": p.store.counts()["requests"],
             "task_requests": int(p.metrics.get("task_requests", 0))}

@@ -8,6 +8,10 @@ files (one file per micro-batch) with RocksDBStateStoreProvider, changelog check
 P=200 and at its best P (full: the fastest of 2, 4, 8, 16; quick: 8). Both engines are warmed
 up on a small run first (JIT and code generation favour whichever runs later); per-batch
 figures are medians of the steady batches (all but the first two after the initial load).
+Both engines' per-batch seconds are Spark's ``durationMs.triggerExecution`` of the streaming
+query's batch (offsets, planning, the batch, commit log, source ack); before session 9
+headrace's was only the time inside its batch function (``..._in_batch_function``, still
+reported), which left out ~0.15-0.3 s of trigger overhead that Spark's figure includes.
 
 State bytes per batch, compaction amortised: the STEADY window holds one merge of the smallest
 tier only, so ``state_bytes_ratio_vs_spark_changelog`` divides the mean over 64 steady batches of
@@ -108,10 +112,19 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
 
     p.on_batch = on_batch
     p.run(until_idle=True)
+    # per batch, Spark's triggerExecution — the whole trigger, as Spark's own figure is
+    # measured — not only the time inside our batch function ("seconds")
+    triggers = [x["trigger_s"] for x in p.spark_progress if x["input_rows"] > 0]
+    if len(triggers) != len(per_batch):
+        raise RuntimeError(f"{len(triggers)} Spark batches with input for {len(per_batch)} "
+                           "pipeline batches")
+    for b, trigger_s in zip(per_batch, triggers, strict=True):
+        b["trigger_s"] = trigger_s
     steady = per_batch[3:] or per_batch[1:]
     return {
         "batches": len(per_batch),
-        "batch_s_p50": statistics.median(b["seconds"] for b in steady),
+        "batch_s_p50": statistics.median(b["trigger_s"] for b in steady),
+        "batch_s_p50_in_batch_function": statistics.median(b["seconds"] for b in steady),
         "state_bytes_per_batch": statistics.mean(b["state_bytes"] for b in steady),
         "puts_per_batch": statistics.mean(b["puts"] for b in steady),
         "puts_per_batch_max": max(b["puts"] for b in steady),
@@ -478,6 +491,8 @@ def main() -> None:
             best = min(ps, key=lambda p: s_by[n][p]["batch_s_p50"])
             figures.update({
                 f"n{n}_batch_s_headrace": h_by[n]["batch_s_p50"],
+                f"n{n}_batch_s_headrace_in_batch_function":
+                    h_by[n]["batch_s_p50_in_batch_function"],
                 f"n{n}_batch_s_spark_best_p": s_by[n][best]["batch_s_p50"],
                 f"n{n}_spark_best_p": best,
                 f"n{n}_batch_s_spark_p200": s_by[n][200]["batch_s_p50"],

@@ -90,6 +90,13 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
 
     p.on_batch = on_batch
     p.run(until_idle=True)
+    # Spark's triggerExecution of each batch, as Spark's own per-batch figure is measured
+    triggers = [x["trigger_s"] for x in p.spark_progress if x["input_rows"] > 0]
+    if len(triggers) != len(per_batch):
+        raise RuntimeError(f"{len(triggers)} Spark batches with input for {len(per_batch)} "
+                           "pipeline batches")
+    for b, trigger_s in zip(per_batch, triggers, strict=True):
+        b["trigger_s"] = trigger_s
     # recovery: one more batch, failing permanently at its state checkpoint, then a fresh Pipeline
     produce(root, json_entries(files[-1]), chunk=1 << 30)
     faulty = FaultyStore(open_store(root))
@@ -114,8 +121,9 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
         "state_puts_first_batch": per_batch[0]["state_objects"],
         "all_puts_per_batch": statistics.mean(b["driver_puts"] + b["task_puts"] for b in steady),
         "state_bytes_per_batch": statistics.mean(b["state_bytes"] for b in steady),
-        "batch_s_p50": statistics.median(b["seconds"] for b in steady),
-        "rows_per_s": sum(rows[1:] or rows) / sum(b["seconds"] for b in steady),
+        "batch_s_p50": statistics.median(b["trigger_s"] for b in steady),
+        "batch_s_p50_in_batch_function": statistics.median(b["seconds"] for b in steady),
+        "rows_per_s": sum(rows[1:] or rows) / sum(b["trigger_s"] for b in steady),
         "recovery_s": done["t"] - t0,
         "driver_requests": p.store.counts()["requests"],
         "task_requests": int(p.metrics["task_requests"]),

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from functools import reduce
 
 import pyarrow as pa
@@ -73,6 +73,7 @@ from headrace.pipeline.tasks import (
     INLINE_MAX,
     TaskContextSpec,
 )
+from headrace.pipeline.trigger import first_error_line, run_queries
 from headrace.store import CountingStore, open_store
 
 log = logging.getLogger("headrace.pipeline")
@@ -169,6 +170,8 @@ class Pipeline(PipelineBuilder):
         self._graph = None  # the graph rows of the progress bindings (recover)
         self._evolution = None  # what recover found new, kept or removed (evolve.py)
         self.last_history = None  # the history batch of this run, if any (history.py)
+        # Spark's progress of each micro-batch of the runs so far (the newest 1,000)
+        self.spark_progress: deque[dict] = deque(maxlen=1000)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -503,60 +506,9 @@ class Pipeline(PipelineBuilder):
                 self.streams.drain(self.checkpoint_dir, self.name)
             except Exception as e:
                 raise PipelineError(f"pipeline {self.name!r}: a stream's ingest stopped: "
-                                    f"{_first_error_line(e)}") from e
-        start_batches = self.metrics["batches"]
-        runs = 0
-        while True:
-            before = self.metrics["batches"]
-            reader = self._input_stream()
-            writer = (reader.writeStream.foreachBatch(self._process)
-                      .option("checkpointLocation", self.checkpoint_dir))
-            try:
-                if until_idle:
-                    query = writer.trigger(availableNow=True).start()
-                    query.awaitTermination()
-                else:
-                    trigger = processing_time or "1 second"
-                    self.streams.start(self.checkpoint_dir, self.name, trigger)  # run beside
-                    query = writer.trigger(processingTime=trigger).start()
-                    self._query = query
-                    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-                    while query.isActive and not self._stopping.is_set() and (
-                            not self.streams.failed()) and (
-                            deadline is None or time.monotonic() < deadline):
-                        query.awaitTermination(0.5)
-                    query.stop()
-                    self.streams.stop()  # raises what killed a side query, if anything did
-                    query.awaitTermination()  # raises what killed it, if anything did
-            except Exception as e:  # the query died: what failed inside a batch is in its text
-                self.streams.stop(quiet=True)  # side queries of a continuous run, if still up
-                raise PipelineError(f"pipeline {self.name!r} stopped at t={self.time}: "
-                                    f"{_first_error_line(e)}") from e
-            runs += 1
-            if not until_idle or self.metrics["batches"] == before:
-                break
-            if max_runs is not None and runs >= max_runs:
-                break
-        return int(self.metrics["batches"] - start_batches)
-
-    def _input_stream(self):
-        """The union of every queue's stream, each row tagged with its queue (Spark's offset
-        log lists the sources in this order: see ``_spark_batch_end``)."""
-        from pyspark.sql import functions as F
-
-        streams = []
-        for q in self.queues:
-            # a queue batch read by one task per core: the first stage (fetch, JSON parse,
-            # bucket hash, shuffle write) would otherwise run on one core
-            r = (self.spark.readStream.format("headrace.queue").option("url", self.root)
-                 .option("manifest_path", f"{q}/manifest")
-                 .option("splits_per_batch", str(self._splits_per_batch()))
-                 .option("retain_batches", str(self.retain_batches)))
-            if self.batches_per_trigger:
-                r = r.option("max_batches_per_trigger", str(self.batches_per_trigger))
-            streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index",
-                                           "entry"))
-        return reduce(lambda a, b: a.unionByName(b), streams)
+                                    f"{first_error_line(e)}") from e
+        return run_queries(self, until_idle=until_idle, max_runs=max_runs,
+                           processing_time=processing_time, timeout_s=timeout_s)
 
     def _splits_per_batch(self) -> int:
         return max(1, min(self.partitions, self.spark.sparkContext.defaultParallelism))
@@ -579,14 +531,3 @@ class Pipeline(PipelineBuilder):
 def _sql_string(text: str) -> str:
     """A SQL string literal of ``text`` (queue names are keys: no quotes expected, but safe)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _first_error_line(e: Exception) -> str:
-    """The innermost Python error of a failed streaming query (Spark wraps it several times):
-    a headrace error's own line first, else the last line naming an error."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    ours = [ln for ln in lines if ln.startswith("headrace.") and ": " in ln]
-    if ours:
-        return ours[-1][:500]
-    errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln or "Fault:" in ln]
-    return (errors[-1] if errors else (lines[0] if lines else repr(e)))[:500]

@@ -1,0 +1,106 @@
+"""A pipeline's Spark streaming query: the queues as one stream, its triggers, its progress.
+
+``Pipeline.run`` recovers, then hands over here: each run is a Structured Streaming query over
+every queue (``headrace.queue`` sources, unioned and tagged with their queue) whose
+``foreachBatch`` is the pipeline's micro-batch (runner.py). ``until_idle``: availableNow runs
+until one finds nothing new; else one processingTime query until stopped or timed out, the
+``read_stream`` side queries beside it. Spark's own account of each batch is kept in
+``Pipeline.spark_progress``: its ``triggerExecution`` covers the whole trigger (offsets,
+planning, the batch, Spark's commit log and the source's ack) — the figure to compare with
+another Spark query's — while ``last_batch["seconds"]`` covers the batch function only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import reduce
+
+log = logging.getLogger("headrace.pipeline")
+
+
+def run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: str | None,
+                timeout_s: float | None) -> int:
+    """Run the pipeline's query (after recovery); returns the batches committed."""
+    from headrace.pipeline.runner import PipelineError
+
+    start_batches = p.metrics["batches"]
+    runs = 0
+    while True:
+        before = p.metrics["batches"]
+        writer = (input_stream(p).writeStream.foreachBatch(p._process)
+                  .option("checkpointLocation", p.checkpoint_dir))
+        try:
+            if until_idle:
+                query = writer.trigger(availableNow=True).start()
+                try:
+                    query.awaitTermination()
+                finally:
+                    record_progress(p, query)
+            else:
+                trigger = processing_time or "1 second"
+                p.streams.start(p.checkpoint_dir, p.name, trigger)  # run beside
+                query = writer.trigger(processingTime=trigger).start()
+                p._query = query
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                while query.isActive and not p._stopping.is_set() and (
+                        not p.streams.failed()) and (
+                        deadline is None or time.monotonic() < deadline):
+                    query.awaitTermination(0.5)
+                query.stop()
+                record_progress(p, query)
+                p.streams.stop()  # raises what killed a side query, if anything did
+                query.awaitTermination()  # raises what killed it, if anything did
+        except Exception as e:  # the query died: what failed inside a batch is in its text
+            p.streams.stop(quiet=True)  # side queries of a continuous run, if still up
+            raise PipelineError(f"pipeline {p.name!r} stopped at t={p.time}: "
+                                f"{first_error_line(e)}") from e
+        runs += 1
+        if not until_idle or p.metrics["batches"] == before:
+            break
+        if max_runs is not None and runs >= max_runs:
+            break
+    return int(p.metrics["batches"] - start_batches)
+
+
+def input_stream(p):
+    """The union of every queue's stream, each row tagged with its queue (Spark's offset log
+    lists the sources in this order: see ``Pipeline._spark_batch_end``)."""
+    from pyspark.sql import functions as F
+
+    streams = []
+    for q in p.queues:
+        # a queue batch read by one task per core: the first stage (fetch, JSON parse, bucket
+        # hash, shuffle write) would otherwise run on one core
+        r = (p.spark.readStream.format("headrace.queue").option("url", p.root)
+             .option("manifest_path", f"{q}/manifest")
+             .option("splits_per_batch", str(p._splits_per_batch()))
+             .option("retain_batches", str(p.retain_batches)))
+        if p.batches_per_trigger:
+            r = r.option("max_batches_per_trigger", str(p.batches_per_trigger))
+        streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index", "entry"))
+    return reduce(lambda a, b: a.unionByName(b), streams)
+
+
+def record_progress(p, query) -> None:
+    """Append Spark's progress of the query's batches to ``p.spark_progress``."""
+    try:
+        for prog in query.recentProgress:
+            d = prog["durationMs"]
+            p.spark_progress.append({
+                "batch_id": prog["batchId"], "input_rows": prog["numInputRows"],
+                "trigger_s": d.get("triggerExecution", 0) / 1000.0,
+                "add_batch_s": d.get("addBatch", 0) / 1000.0})
+    except Exception as e:  # noqa: BLE001 - an account only, never a failure
+        log.debug("no Spark progress: %s", e)
+
+
+def first_error_line(e: Exception) -> str:
+    """The innermost Python error of a failed streaming query (Spark wraps it several times):
+    a headrace error's own line first, else the last line naming an error."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    ours = [ln for ln in lines if ln.startswith("headrace.") and ": " in ln]
+    if ours:
+        return ours[-1][:500]
+    errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln or "Fault:" in ln]
+    return (errors[-1] if errors else (lines[0] if lines else repr(e)))[:500]
