@@ -185,6 +185,17 @@ def test_sink_start_values():
         p.write_shard(p.nodes[0], "later", start="tomorrow")
 
 
+@pytest.mark.parametrize("kwargs, named", [
+    ({"retain_batches": -1}, "retain_batches"), ({"retain_batches": True}, "retain_batches"),
+    ({"buckets": 0}, "buckets"), ({"partitions": 0}, "partitions"),
+    ({"on_bad_entry": "skip"}, "on_bad_entry"), ({"state_backend": "memory"}, "state_backend")])
+def test_pipeline_arguments_are_checked_before_anything_runs(kwargs, named, tmp_path):
+    from headrace.pipeline.runner import Pipeline
+
+    with pytest.raises(InvalidInput, match=named):
+        Pipeline(None, str(tmp_path), **kwargs)
+
+
 def test_history_sinks_read_new_parts_only_and_seeded_operators_are_declared():
     """start='history' replays the queue through new parts: a history sink behind an
     operator with state from before is refused (even an operator's own sink), and a new
