@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import parse_args, report, scratch_dir  # noqa: E402
-from pipeline_vs_spark import build, json_entries  # noqa: E402
+from pipeline_vs_spark import add_trigger_seconds, build, json_entries  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb  # noqa: E402
 
 HERE = Path(__file__).resolve()
@@ -112,14 +112,7 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
 
     p.on_batch = on_batch
     p.run(until_idle=True)
-    # per batch, Spark's triggerExecution — the whole trigger, as Spark's own figure is
-    # measured — not only the time inside our batch function ("seconds")
-    triggers = [x["trigger_s"] for x in p.spark_progress if x["input_rows"] > 0]
-    if len(triggers) != len(per_batch):
-        raise RuntimeError(f"{len(triggers)} Spark batches with input for {len(per_batch)} "
-                           "pipeline batches")
-    for b, trigger_s in zip(per_batch, triggers, strict=True):
-        b["trigger_s"] = trigger_s
+    add_trigger_seconds(p, per_batch)  # Spark's triggerExecution, as Spark's is measured
     steady = per_batch[3:] or per_batch[1:]
     return {
         "batches": len(per_batch),
