@@ -98,3 +98,26 @@ def test_second_circuit_on_s3_is_fenced_and_the_committed_one_stays_intact(s3_ur
         assert c.step == 1
         assert c.spine("s").to_table().equals(
             Batch.merge([_table(seed) for seed in range(20, 26)]).to_table())
+
+
+def test_gc_checkpoint_is_durable_and_costs_one_commit_however_many_it_removes(tmp_path):
+    """Dropping old checkpoints is one reservoir checkpoint (before, each removal was left
+    uncommitted, so a reopen showed the removed checkpoints again)."""
+    puts = {}
+    for n in (3, 6):
+        url = str(tmp_path / f"b{n}")
+        counting = CountingStore(open_store(url))
+        with Circuit.open(ReservoirBatchStore(counting, page_bytes=8192), "g") as c:
+            sp = c.spine("s", pa.int64(), pa.int64())
+            for i in range(n):
+                sp.insert(_table(i))
+                c.commit()
+            sp.wait_idle(30)
+            before = counting.counts()["puts"]
+            assert len(c.gc_checkpoint()) == n - 2
+            puts[n] = counting.counts()["puts"] - before
+        with Circuit.open(ReservoirBatchStore(url, page_bytes=8192), "g") as c:
+            assert len(c.checkpoints()) == 2 and c.step == n
+            assert c.spine("s").to_table().equals(
+                Batch.merge([_table(i) for i in range(n)]).to_table())
+    assert puts[3] == puts[6] <= 3, puts

@@ -95,6 +95,11 @@ class BatchStore(abc.ABC, PrometheusExport):
     @abc.abstractmethod
     def remove_checkpoint(self, checkpoint_id: str) -> None: ...
 
+    def remove_checkpoints(self, checkpoint_ids: list[str]) -> None:
+        """Remove several checkpoints; a store overrides it to make that one commit."""
+        for cid in checkpoint_ids:
+            self.remove_checkpoint(cid)
+
     @abc.abstractmethod
     def batch_names(self) -> list[str]:
         """Every batch the store holds (referenced or not)."""
@@ -203,7 +208,8 @@ class LocalBatchStore(BatchStore):
                           "checkpoints": 0, "startup_gc_removed": 0}
         try:
             self._entries = self._read_catalog()
-            self._refs = self._referenced(self._entries)
+            self._refs_of = self._referenced(self._entries)
+            self._refs = set().union(*self._refs_of.values())
             if not read_only:
                 self._counters["startup_gc_removed"] = len(self._startup_gc())
         except BaseException:
@@ -237,12 +243,10 @@ class LocalBatchStore(BatchStore):
             return []
         return decode_catalog(p.read_bytes(), str(p))
 
-    def _referenced(self, entries: list[CheckpointInfo]) -> set[str]:
-        refs: set[str] = set()
-        for e in entries:
-            for m in self.read_manifests(e.id).values():
-                refs.update(m.batches)
-        return refs
+    def _referenced(self, entries: list[CheckpointInfo]) -> dict[str, set[str]]:
+        """Per checkpoint id, the batches its manifests name (read once, on open)."""
+        return {e.id: {b for m in self.read_manifests(e.id).values() for b in m.batches}
+                for e in entries}
 
     def _startup_gc(self) -> list[str]:
         removed = []
@@ -333,8 +337,8 @@ class LocalBatchStore(BatchStore):
                 self._drop_uncommitted(folder)
                 raise
             self._entries = entries
-            for m in manifests.values():
-                self._refs.update(m.batches)
+            self._refs_of[info.id] = {b for m in manifests.values() for b in m.batches}
+            self._refs.update(self._refs_of[info.id])
             self._pinned.clear()
             self._counters["checkpoints"] += 1
         return info
@@ -371,7 +375,8 @@ class LocalBatchStore(BatchStore):
                 raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found")
             write_atomic(self.path / CATALOG, [encode_catalog(entries)], self._retry)
             self._entries = entries
-            self._refs = self._referenced(entries)
+            self._refs_of.pop(checkpoint_id, None)
+            self._refs = set().union(*self._refs_of.values())
         shutil.rmtree(self.path / checkpoint_id, ignore_errors=True)
         fsync_dir(self.path)
         self.gc()

@@ -124,11 +124,9 @@ class Circuit(PrometheusExport):
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEPT_CHECKPOINTS:
             raise InvalidInput(f"gc_checkpoint keep must be an int >= {MIN_KEPT_CHECKPOINTS}, "
                                f"got {keep!r}")
-        removed = []
         entries = self.store.checkpoints()
-        for e in entries[: max(0, len(entries) - keep)]:
-            self.store.remove_checkpoint(e.id)
-            removed.append(e.id)
+        removed = [e.id for e in entries[: max(0, len(entries) - keep)]]
+        self.store.remove_checkpoints(removed)
         return removed
 
     def metrics(self) -> dict:

@@ -110,7 +110,8 @@ class ReservoirBatchStore(BatchStore):
         self._counters = {"batches_written": 0, "bytes_written": 0, "batches_deleted": 0,
                           "checkpoints": 0, "startup_gc_removed": 0}
         self._entries = self._read_catalog()
-        self._refs = self._referenced(self._entries)
+        self._refs_of = self._referenced(self._entries)
+        self._refs = set().union(*self._refs_of.values())
         self._known: set[int] = set(self._stored_seqs())  # batches whose pages exist
         self._next_seq = 1 + max([batch_seq(n) for n in self._refs] + list(self._known) + [0])
         self._counters["startup_gc_removed"] = len(self._startup_gc())
@@ -131,8 +132,10 @@ class ReservoirBatchStore(BatchStore):
     def _manifest_page(self, checkpoint_id: str) -> int:
         return MANIFEST_NS | (uuid.UUID(hex=checkpoint_id).int & ((1 << 48) - 1))
 
-    def _referenced(self, entries: list[CheckpointInfo]) -> set[str]:
-        return {b for e in entries for m in self.read_manifests(e.id).values() for b in m.batches}
+    def _referenced(self, entries: list[CheckpointInfo]) -> dict[str, set[str]]:
+        """Per checkpoint id, the batches its manifests name (read once, on open)."""
+        return {e.id: {b for m in self.read_manifests(e.id).values() for b in m.batches}
+                for e in entries}
 
     def _stored_seqs(self) -> list[int]:
         """Batches in the durable reservoir state (read once, on open)."""
@@ -256,8 +259,8 @@ class ReservoirBatchStore(BatchStore):
             session.commit()
             self.reservoir.checkpoint()  # the commit point
             self._entries = entries
-            for m in manifests.values():
-                self._refs.update(m.batches)
+            self._refs_of[info.id] = {b for m in manifests.values() for b in m.batches}
+            self._refs.update(self._refs_of[info.id])
             self._pinned.clear()
             self._counters["checkpoints"] += 1
         return info
@@ -289,17 +292,30 @@ class ReservoirBatchStore(BatchStore):
         return out
 
     def remove_checkpoint(self, checkpoint_id: str) -> None:
+        self.remove_checkpoints([checkpoint_id])
+
+    def remove_checkpoints(self, checkpoint_ids: list[str]) -> None:
+        """Drop checkpoints and the batches only they referenced, made durable by one reservoir
+        checkpoint (one conditional PUT for all of them); before it, a reopen sees them all."""
         with self._mu:
-            entries = [e for e in self._entries if e.id != checkpoint_id]
-            if len(entries) == len(self._entries):
-                raise CheckpointNotFound(f"checkpoint {checkpoint_id!r} not found")
+            gone = set(checkpoint_ids)
+            missing = gone - {e.id for e in self._entries}
+            if missing:
+                raise CheckpointNotFound(f"checkpoint {sorted(missing)[0]!r} not found")
+            if not gone:
+                return
+            entries = [e for e in self._entries if e.id not in gone]
             session = self.reservoir.session()
             session.write(CATALOG_PAGE, encode_catalog(entries))
-            session.delete(self._manifest_page(checkpoint_id))
+            for cid in gone:
+                session.delete(self._manifest_page(cid))
             session.commit()
             self._entries = entries
-            self._refs = self._referenced(entries)
-        self.gc()
+            for cid in gone:
+                self._refs_of.pop(cid, None)
+            self._refs = set().union(*self._refs_of.values())
+            self.gc()
+            self.reservoir.checkpoint()  # the commit point of the removal
 
     def gc(self) -> list[str]:
         with self._mu:

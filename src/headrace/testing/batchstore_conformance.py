@@ -91,6 +91,21 @@ class BatchStoreTests:
             with pytest.raises(CheckpointNotFound):
                 store.read_manifests(c1.id)
 
+    def test_removed_checkpoints_stay_removed_after_reopen(self, batch_store_factory):
+        with batch_store_factory() as store:
+            made = []
+            for i in range(5):
+                b = store.write_batch(_batch(i))
+                made.append((store.commit_checkpoint(i, "fp", {"s": _manifest("s", [b.name])}),
+                             b.name))
+                store.discard([b.name])
+            store.remove_checkpoints([c.id for c, _ in made[:3]])
+        with batch_store_factory() as store:
+            assert [c.id for c in store.checkpoints()] == [c.id for c, _ in made[3:]]
+            assert store.batch_names() == sorted(n for _, n in made[3:])
+            with pytest.raises(CheckpointNotFound):
+                store.remove_checkpoints([made[0][0].id])
+
     def test_unreferenced_batches_are_collected_on_reopen(self, batch_store_factory):
         with batch_store_factory() as store:
             a = store.write_batch(_batch(1))
