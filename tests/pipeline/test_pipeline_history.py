@@ -3,8 +3,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import random
+
 import pytest
-from test_pipeline_evolve import BID, _rows  # noqa: I001  (tests/pipeline is on sys.path)
+from test_pipeline_evolve import _rows  # noqa: I001  (tests/pipeline is on sys.path)
+
+BID = "auction long, price long, dateTime timestamp"
+BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _timed(rows: list[dict], seed: int, lo_s: float, hi_s: float) -> list[dict]:
+    """``rows`` with event times drawn from [lo_s, hi_s] seconds after BASE."""
+    rnd = random.Random(seed)
+    return [{**r, "dateTime": BASE + dt.timedelta(milliseconds=rnd.randint(int(lo_s * 1000),
+                                                                          int(hi_s * 1000)))}
+            for r in rows]
 
 _CHILD = """
 import os, signal, sys
@@ -27,7 +41,9 @@ pytestmark = pytest.mark.spark
 
 def _define(spark, root: str, ckpt: str, *, grown: bool):
     """totals = count and sum per auction; grown: + big = count and max of bids > 1000 per
-    auction, from the queue's history, and a from-now sink of the big bids themselves."""
+    auction, from the queue's history, a from-now sink of the big bids themselves, and win =
+    an event-time part from the history: bids per 10-second window and auction behind a
+    5-second watermark."""
     from pyspark.sql import functions as F
 
     from headrace.pipeline.runner import Pipeline
@@ -42,6 +58,10 @@ def _define(spark, root: str, ckpt: str, *, grown: bool):
         big.group_by("auction").agg(F.count("*").alias("n"), F.max("price").alias("top")) \
             .write_shard("hi.big", start="history")
         big.write_shard("hi.big_rows", start="now")
+        bids.with_watermark("dateTime", "5 seconds") \
+            .group_by(F.window("dateTime", "10 seconds"), "auction") \
+            .agg(F.count("*").alias("n"), F.max("price").alias("top")) \
+            .write_shard("hi.win", start="history")
     return p
 
 
@@ -53,7 +73,9 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     is SIGKILLed after the commit point, before the new shard's link. The restart links the
     replayed history once; then new input runs. The new shard equals batch SQL over the kept
     batch + the new input (the dequeued batch is not history), the old one over everything,
-    the from-now sink over the new input only."""
+    the from-now sink over the new input only. The event-time part: no history row is late
+    (the history is one batch), its watermark then comes from the history (~25 s), so new
+    rows in windows ending by then are dropped and counted."""
     import os
     import signal
     import subprocess
@@ -72,7 +94,9 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     )
 
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
-    first, later = _rows(3, 60), _rows(4, 60)
+    first = _timed(_rows(3, 60), 3, 0, 30)  # the history's largest event time: ~30 s
+    late = _timed(_rows(5, 8), 5, 0, 14)  # windows [0,10) and [10,20): behind the watermark
+    later = _timed(_rows(4, 60), 4, 30, 60)
     produce_entries(root, "in", encode_entries("bid", first[:20]))
     produce_entries(root, "in", encode_entries("bid", first[20:40]))
     produce_entries(root, "in", encode_entries("bid", first[40:])
@@ -98,10 +122,11 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     assert persist.upper("hi.progress") == persist.upper("hi.big") + 1
     assert persist.upper("hi.totals") == persist.upper("hi.progress")
 
-    produce_entries(root, "in", encode_entries("bid", later))
+    produce_entries(root, "in", encode_entries("bid", late + later))
     p = _define(spark, root, ckpt, grown=True)
     p.run(until_idle=True)
     assert p.metrics["replayed_batches"] == 1 and p.metrics["history_batches"] == 0
+    assert p.metrics["late_rows"] == len(late)
 
     def per_auction(s):
         return s["bid"].groupBy("auction").agg(F.count("*").alias("n"),
@@ -114,10 +139,18 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     def big_rows(s):
         return s["bid"].filter(F.col("price") > 1000)
 
-    net = first[:40] + first[45:] + later
+    def per_window(s):
+        g = s["bid"].groupBy(F.window("dateTime", "10 seconds"), "auction").agg(
+            F.count("*").alias("n"), F.max("price").alias("top"))
+        return g.select(F.col("window.start").alias("window_start"),
+                        F.col("window.end").alias("window_end"), "auction", "n", "top")
+
+    net = first[:40] + first[45:] + late + later
+    history = first[20:40] + first[45:]
     for shard, rows, query in (("hi.totals", net, per_auction),
-                               ("hi.big", first[20:40] + first[45:] + later, big),
-                               ("hi.big_rows", later, big_rows)):
+                               ("hi.big", history + late + later, big),
+                               ("hi.big_rows", late + later, big_rows),
+                               ("hi.win", history + later, per_window)):
         equal, why = rows_equal(p.read_shard(shard), batch_result(spark, {"bid": BID},
                                                                   {"bid": rows}, query))
         assert equal, f"{shard}: {why}"
