@@ -205,8 +205,13 @@ def _stream_views(spark, folder: Path, watermark: bool) -> None:
 def run_spark_streaming(spark, name: str, folder: Path, work: Path) -> dict:
     """Time the query as a stream (with a watermark on the sources, else without; output mode
     append, else update), or say why Spark refuses every combination."""
+    import logging
+
     from pyspark.errors import AnalysisException, StreamingQueryException
 
+    # PySpark logs each refusal with its JVM stack before raising it; the refusal is reported
+    # below (the ``note``), so keep the stack out of the benchmark's output
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     refusals = []
     for watermark in (True, False):
         _stream_views(spark, folder, watermark)
