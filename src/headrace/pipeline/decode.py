@@ -83,6 +83,17 @@ class Decoder:
         """The entries with each one's table struct: persist this, then ``split`` it."""
         return entries_df.select(*self._parsed)
 
+    def single_table(self, parsed_df, keep: str, sequence: str, bad: str):
+        """For a decoder of one table: every entry as one row (the static plan, static.py) —
+        ``keep``: whether the table keeps it; ``sequence``: its queue sequence; ``bad`` + each
+        of ENTRY_COLUMNS: the entry if it is bad, else NULL; then the table's columns + W."""
+        from pyspark.sql import functions as F
+
+        (kept, cols), = self._split
+        return parsed_df.select(kept.alias(keep), F.col("sequence").alias(sequence),
+                                *[F.when(self._bad, F.col(c)).alias(bad + c)
+                                  for c in ENTRY_COLUMNS], *cols)
+
     def split(self, parsed_df):
         """(frames: {source name: DataFrame of its columns + W}, checked: a row per entry for
         :func:`entries_task`, ENTRY_COLUMNS of a bad entry, nulls for a good one)."""
@@ -130,6 +141,20 @@ def _fits(v, t: pa.DataType) -> bool:
     return True  # strings: Spark keeps any JSON value's text
 
 
+def bad_summary(rows: pa.Table, schemas: dict[str, dict[str, pa.Schema]],
+                max_entry_bytes: int) -> tuple[dict, list[tuple]]:
+    """({"count", "examples"}, (table, field, reason) per row) of bad entries ``rows``
+    (ENTRY_COLUMNS); ``schemas``: queue -> table -> schema."""
+    entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
+    described = [describe(e, schemas.get(q, {}), max_entry_bytes)
+                 for e, q in zip(entries, queues, strict=True)]
+    seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
+    summary = {"count": rows.num_rows, "examples": [
+        {"queue": q, "sequence": s, "index": i, "table": d[0], "field": d[1], "reason": d[2]}
+        for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:_EXAMPLES]]}
+    return summary, described
+
+
 def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: str | None,
                  writer_id: str | None, url: str, persist_root: str, time: int,
                  inline_max: int):
@@ -157,14 +182,7 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
         if rows.num_rows == 0:
             yield control_rows([count], CONTROL_SCHEMA)
             return
-        entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
-        described = [describe(e, schemas.get(q, {}), max_entry_bytes)
-                     for e, q in zip(entries, queues, strict=True)]
-        seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
-        summary = {"count": rows.num_rows, "examples": [
-            {"queue": q, "sequence": s, "index": i, "table": d[0], "field": d[1],
-             "reason": d[2]}
-            for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:_EXAMPLES]]}
+        summary, described = bad_summary(rows, schemas, max_entry_bytes)
         control = [count, ("bad", pickle.dumps(summary))]
         if dead_letter is not None:
             n = rows.num_rows

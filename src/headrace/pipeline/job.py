@@ -92,12 +92,9 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
                 if late is not None:
                     control.append(late)
             downstream = bool(consumers(nodes, node))
-            spec = StageSpec(op=node.op, kind=node.kind,
-                             inputs=[schema_to_bytes(s.schema) for s in node.sources],
-                             output=schema_to_bytes(node.schema), params=node.params,
-                             emit_rows=downstream, sinks=sinks.get(id(node), []), time=t,
-                             persist_root=persist_root, writer_ids=writer_ids,
-                             inline_max=inline_max, expire=expire)
+            spec = stage_spec(node, emit_rows=downstream, sinks=sinks.get(id(node), []), t=t,
+                              persist_root=persist_root, writer_ids=writer_ids,
+                              inline_max=inline_max, expire=expire)
             if node.state_sides:  # rows of one key meet their state in one task
                 frame = frame.repartition(partitions, BUCKET)
             out = frame.mapInArrow(task_fn(spec, ctx), spark_ddl(
@@ -115,6 +112,16 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
     finally:
         for df in persisted:
             df.unpersist()
+
+
+def stage_spec(node: Operator, *, emit_rows: bool, sinks: list[str], t: int, persist_root: str,
+               writer_ids: dict[str, str], inline_max: int, expire=None) -> StageSpec:
+    """What the tasks of ``node``'s stage need to know of micro-batch ``t``."""
+    return StageSpec(op=node.op, kind=node.kind,
+                     inputs=[schema_to_bytes(s.schema) for s in node.sources],
+                     output=schema_to_bytes(node.schema), params=node.params,
+                     emit_rows=emit_rows, sinks=sinks, time=t, persist_root=persist_root,
+                     writer_ids=writer_ids, inline_max=inline_max, expire=expire)
 
 
 def warm_workers(spark, ctx: TaskContextSpec, on_requests=None):

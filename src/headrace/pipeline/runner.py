@@ -115,7 +115,8 @@ class Pipeline(PipelineBuilder):
                  checkpoint_dir: str | None = None, cache_dir: str | None = None, store=None,
                  batches_per_trigger: int | None = None, local_root: str | None = None,
                  on_bad_entry: str = "fail", max_entry_bytes: int = MAX_ENTRY_BYTES,
-                 output_inline_max: int = INLINE_MAX, retain_batches: int = 0):
+                 output_inline_max: int = INLINE_MAX, retain_batches: int = 0,
+                 static_plan: bool = True):
         if not 1 <= buckets <= 65535:
             raise InvalidInput(f"buckets must be in [1, 65535], got {buckets}")
         if partitions is not None and not 1 <= partitions <= 65535:
@@ -146,6 +147,8 @@ class Pipeline(PipelineBuilder):
         self.batches_per_trigger = batches_per_trigger
         # consumed queue batches each queue keeps for parts added with start="history"
         self.retain_batches = retain_batches
+        # plan a pipeline of the static plan's shape once, not per batch (static.py)
+        self.static_plan = bool(static_plan)
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -312,6 +315,32 @@ class Pipeline(PipelineBuilder):
     def _process(self, df, batch_id: int) -> None:
         self._process_range(df, self._spark_batch_end(batch_id, df))
 
+    def _process_static(self, df, batch_id: int) -> None:
+        """A batch of the static plan (static.py): ``df`` is the plan's control rows."""
+        from headrace.pipeline.job import stage_spec
+        from headrace.pipeline.static import collect, static_shape
+
+        ends = offset_log_ends(self.checkpoint_dir, self.queues, batch_id)
+        if ends is None:
+            raise PipelineError(f"Spark offset log of batch {batch_id} unreadable; the static "
+                                "plan needs it (Pipeline(static_plan=False) probes the batch)")
+        q, op = self.queues[0], static_shape(self)
+        after = self.bindings.get(q, -1)
+        through = max(after, ends[q] if ends.get(q) is not None else -1)
+        if through == after:
+            return  # everything in this Spark batch was processed before a restart
+
+        def run(t: int, version: int | None, shards: set[str]) -> pa.Table:
+            writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
+            spec = stage_spec(op, emit_rows=False, t=t, persist_root=self.persist.root,
+                              sinks=[s.shard for s in self.sinks if s.shard in shards],
+                              writer_ids=writer_ids, inline_max=self.output_inline_max)
+            return collect(self.spark, df, spec, self._task_context(version, t, True),
+                           after, through)
+
+        self._commit_batch(df, {q: through}, watermark=None, collect=run)
+        self.metrics["static_batches"] += 1
+
     def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
         """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log;
         a probe job only if the log is unreadable."""
@@ -365,18 +394,23 @@ class Pipeline(PipelineBuilder):
 
     def _commit_batch(self, df, ends: dict[str, int], *, watermark: int | None,
                       nodes: list[Node] | None = None, shards: set[str] | None = None,
-                      marks: dict[str, int] | None = None) -> dict[str, int]:
+                      marks: dict[str, int] | None = None, collect=None) -> dict[str, int]:
         """Run batch t over ``df`` (entries through ``ends``), checkpoint the state, commit
         progress, link every output; returns the new bindings. ``nodes``/``shards``: only
         that part of the graph runs (the history batch, history.py; other shards get empty
-        links); ``marks``: extra progress bindings of this batch."""
+        links); ``marks``: extra progress bindings of this batch; ``collect(t, state version,
+        shards)``: runs the batch's job and returns its control rows (the static plan) instead
+        of building the per-batch job."""
         t0 = time.perf_counter()
         batch_counts = self.store.counts()
         t = self.time
         prev_version = self.bindings.get(STATE_KEY)
-        result = self._run_stages(df, prev_version, t=t, write_state=True,
-                                  shards={s for s, _ in self._outputs()} if shards is None
-                                  else shards, watermark=watermark, nodes=nodes)
+        wanted = {s for s, _ in self._outputs()} if shards is None else shards
+        if collect is not None:
+            result = self._absorb_control(collect(t, prev_version, wanted))
+        else:
+            result = self._run_stages(df, prev_version, t=t, write_state=True, shards=wanted,
+                                      watermark=watermark, nodes=nodes)
         if self.state_backend == "local+backup":
             # the state of time t = the previous buckets' snapshots + the ones changed now;
             # a crashed earlier attempt of t may have left a manifest: not committed, replace it
@@ -436,11 +470,7 @@ class Pipeline(PipelineBuilder):
                     nodes: list[Node] | None = None) -> dict:
         """Run every operator (or ``nodes``) over the entries in one Spark job; absorb its
         control rows."""
-        ctx = TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
-                              run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}", cache_dir=self.cache_dir,
-                              write_state=write_state, backend=self.state_backend,
-                              local_root=self.local_root, pipeline=self.name,
-                              indexes=self._state_indexes(state_version), checkpoint_id=f"t{t}")
+        ctx = self._task_context(state_version, t, write_state)
         # tasks upload parts under the driver's writer of each shard (registered once, its
         # lease refreshed by every link), so no sweep deletes them before they are linked
         writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
@@ -454,6 +484,15 @@ class Pipeline(PipelineBuilder):
             dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
             watermark_us=watermark, decoder=self._decoder(), columns=self._columns)
         return self._absorb_control(rows)
+
+    def _task_context(self, state_version: int | None, t: int,
+                      write_state: bool) -> TaskContextSpec:
+        return TaskContextSpec(url=self.root, stream=self.stream, state_version=state_version,
+                               run_prefix=f"t{t}-{uuid.uuid4().hex[:8]}",
+                               cache_dir=self.cache_dir, write_state=write_state,
+                               backend=self.state_backend, local_root=self.local_root,
+                               pipeline=self.name, indexes=self._state_indexes(state_version),
+                               checkpoint_id=f"t{t}")
 
     def _decoder(self) -> Decoder:
         """Built once: the decode expressions cost hundreds of JVM calls to build."""

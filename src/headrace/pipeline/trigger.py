@@ -23,12 +23,18 @@ def run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: s
                 timeout_s: float | None) -> int:
     """Run the pipeline's query (after recovery); returns the batches committed."""
     from headrace.pipeline.runner import PipelineError
+    from headrace.pipeline.static import build as build_static
+    from headrace.pipeline.static import static_shape
 
     start_batches = p.metrics["batches"]
     runs = 0
     while True:
         before = p.metrics["batches"]
-        writer = (input_stream(p).writeStream.foreachBatch(p._process)
+        stream, process = input_stream(p), p._process
+        op = static_shape(p) if p.static_plan else None
+        if op is not None:  # planned once for the whole query (static.py)
+            stream, process = build_static(p, op, stream), p._process_static
+        writer = (stream.writeStream.foreachBatch(process)
                   .option("checkpointLocation", p.checkpoint_dir))
         try:
             if until_idle:
