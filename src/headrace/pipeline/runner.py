@@ -317,13 +317,17 @@ class Pipeline(PipelineBuilder):
 
     def _process_static(self, df, batch_id: int) -> None:
         """A batch of the static plan (static.py): ``df`` is the plan's control rows."""
-        from headrace.pipeline.job import stage_spec
-        from headrace.pipeline.static import collect, static_shape
-
         ends = offset_log_ends(self.checkpoint_dir, self.queues, batch_id)
         if ends is None:
             raise PipelineError(f"Spark offset log of batch {batch_id} unreadable; the static "
                                 "plan needs it (Pipeline(static_plan=False) probes the batch)")
+        self._static_batch(df, ends)
+
+    def _static_batch(self, df, ends: dict[str, int | None]) -> None:
+        """Commit the entries through ``ends`` with ``df``, the static plan's control rows."""
+        from headrace.pipeline.job import stage_spec
+        from headrace.pipeline.static import collect, static_shape
+
         q, op = self.queues[0], static_shape(self)
         after = self.bindings.get(q, -1)
         through = max(after, ends[q] if ends.get(q) is not None else -1)
@@ -374,7 +378,13 @@ class Pipeline(PipelineBuilder):
         except PipelineError as e:  # Spark's own re-run will meet the same queue
             log.warning("not running the interrupted batch early: %s", e)
             return
-        self._process_range(entries, ends)
+        from headrace.pipeline.static import build, static_shape
+
+        op = static_shape(self) if self.static_plan else None
+        if op is not None:  # the same tasks as the query's batches, over the range
+            self._static_batch(build(self, op, entries), ends)
+        else:
+            self._process_range(entries, ends)
 
     def _process_range(self, df, ends: dict[str, int | None], no_data: bool = False) -> None:
         afters = {q: self.bindings.get(q, -1) for q in self.queues}

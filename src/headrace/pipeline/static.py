@@ -24,8 +24,9 @@ reads the entries again.
 
 Shape (``static_shape``): one queue, one table, one operator reading it directly (a stateless
 step in between would need its own handling of bad entries), every sink behind that operator;
-reservoir state, no event time, no dead-letter shard, no ``read_stream``. Every other pipeline,
-and every recovery replay, history batch or interrupted batch, runs the per-batch job.
+reservoir state, no event time, no dead-letter shard, no ``read_stream``. The batch a crash
+interrupted runs the same plan over its queue range before the query starts. Every other
+pipeline, and every recovery replay or history batch, runs the per-batch job.
 """
 
 from __future__ import annotations
