@@ -67,7 +67,7 @@ def test_static_plan_equals_spark_and_skips_what_a_lost_spark_checkpoint_redeliv
     assert equal, why
 
 
-def test_static_shape_is_one_table_read_by_one_operator():
+def test_static_shape_is_a_chain_of_operators_over_one_or_two_tables():
     """What the static plan runs, and what stays on the per-batch job."""
     from test_pipeline_evolve import Plan  # noqa: I001  (tests/pipeline is on sys.path)
 
@@ -78,26 +78,91 @@ def test_static_shape_is_one_table_read_by_one_operator():
         p.dead_letter_shard, p.state_backend = kw.get("dead_letter"), kw.get("backend",
                                                                            "reservoir")
         build(p)
-        return p
+        return static_shape(p)
 
     def agg(p):
         t = p.read_queue("in", {"t": SCHEMA})["t"]
         p.write_shard(p.aggregate(t, by=["k"], aggs={"n": "count"}, name="agg"), "o")
 
-    def two_tables(p):
+    def join_then_agg(p):
         src = p.read_queue("in", {"t": SCHEMA, "u": "k long, u long"})
-        p.write_shard(p.join(src["t"], src["u"], on=["k"], name="j"), "o")
+        j = p.join(src["t"], src["u"], on=["k"], name="j")
+        p.write_shard(j, "joined")
+        p.write_shard(p.aggregate(j, by=["k"], aggs={"n": "count"}, name="a"), "o")
 
-    def chained(p):
+    def two_readers(p):
+        t = p.read_queue("in", {"t": SCHEMA})["t"]
+        p.write_shard(p.aggregate(t, by=["k"], aggs={"n": "count"}, name="a"), "o")
+        p.write_shard(p.aggregate(t, by=["v"], aggs={"n": "count"}, name="b"), "o2")
+
+    def fan_out(p):
         t = p.read_queue("in", {"t": SCHEMA})["t"]
         a = p.aggregate(t, by=["k"], aggs={"n": "count"}, name="a")
         p.write_shard(p.aggregate(a, by=["n"], aggs={"m": "count"}, name="b"), "o")
+        p.write_shard(p.aggregate(a, by=["k"], aggs={"m": "count"}, name="c"), "o2")
 
-    assert static_shape(plan(agg)) is not None
-    assert static_shape(plan(agg, dead_letter="p.dead_letter")) is None
-    assert static_shape(plan(agg, backend="local+backup")) is None
-    assert static_shape(plan(two_tables)) is None
-    assert static_shape(plan(chained)) is None
+    assert [op.name for op in plan(agg)] == ["agg"]
+    assert [op.name for op in plan(join_then_agg)] == ["j", "a"]
+    assert plan(agg, dead_letter="p.dead_letter") is None
+    assert plan(agg, backend="local+backup") is None
+    assert plan(two_readers) is None  # the table read twice: a second branch
+    assert plan(fan_out) is None  # an operator read twice: Spark would run it twice
+
+
+def test_static_plan_runs_a_join_then_an_aggregate_equal_to_spark(spark, tmp_path):
+    """Two tables joined, the join's rows to one shard and a count per key of them to another:
+    both operators on the static plan (the join's control rows pass through the aggregate's
+    shuffle), bad entries counted, each shard equal to Spark batch SQL."""
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.runner import Pipeline
+
+    root = str(tmp_path / "store")
+    rnd = random.Random(7)
+    orders = [{"k": rnd.choice([None, *range(5)]), "v": rnd.randint(1, 9)} for _ in range(60)]
+    users = [{"k": k, "u": rnd.randint(100, 999)} for k in range(4)]
+    produce_entries(root, "in", encode_entries("u", users) + encode_entries("t", orders[:30]))
+    produce_entries(root, "in", encode_entries("t", orders[30:])
+                    + encode_entries("t", orders[:5], weight=-1))
+    p = Pipeline(spark, root, name="sj", partitions=2, buckets=4,
+                 checkpoint_dir=str(tmp_path / "ck"), batches_per_trigger=1)
+    src = p.read_queue("in", {"t": SCHEMA, "u": "k long, u long"})
+    j = p.join(src["t"], src["u"], on=["k"], name="j")
+    p.write_shard(j, "sj.joined")
+    p.write_shard(p.aggregate(j, by=["k"], aggs={"n": "count", "s": "sum(v)"}, name="a"),
+                  "sj.per_key")
+    p.run(until_idle=True)
+    assert p.metrics["static_batches"] == p.metrics["batches"] == 2
+    schemas = {"t": SCHEMA, "u": "k long, u long"}
+    rows = {"t": orders[5:], "u": users}
+
+    def joined(s):
+        return s["t"].join(s["u"], on="k").select("k", "v", "u")
+
+    def per_key(s):
+        return joined(s).groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+
+    for shard, query in (("sj.joined", joined), ("sj.per_key", per_key)):
+        equal, why = rows_equal(p.read_shard(shard), batch_result(spark, schemas, rows, query))
+        assert equal, f"{shard}: {why}"
+
+
+def test_a_batch_whose_tasks_ran_with_other_parameters_is_refused():
+    """The tasks echo their batch's run prefix; one from another batch fails the batch before
+    anything is committed (static.check)."""
+    import pyarrow as pa
+
+    from headrace.pipeline.static import check
+    from headrace.pipeline.tasks import CONTROL_SCHEMA, control_rows
+
+    def rows(*prefixes):
+        return pa.Table.from_batches([control_rows(
+            [("rows", b"3")] + [("batch", x.encode()) for x in prefixes], CONTROL_SCHEMA)])
+
+    check(rows("t4-aa", "t4-aa"), "t4-aa")
+    check(None, "t4-aa")
+    with pytest.raises(RuntimeError, match="t3-bb"):
+        check(rows("t4-aa", "t3-bb"), "t4-aa")
 
 
 _CHILD = """

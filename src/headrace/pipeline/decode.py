@@ -54,6 +54,7 @@ class Decoder:
         fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
         self._parsed = [F.col(c) for c in ENTRY_COLUMNS]
         self._split = []
+        self._raw = []  # per source: (its struct column, keep, weight) — for ``tagged``
         for i, node in enumerate(self.sources):
             ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
             mine = fits & (F.col("queue") == F.lit(node.queue)) & (tag == F.lit(node.table))
@@ -70,6 +71,7 @@ class Decoder:
             weight = F.coalesce(F.col(f"`{r}`.w"), F.lit(1))
             keep = F.coalesce(F.col(f"`{r}`").isNotNull() & F.col(f"`{r}`.`{CORRUPT}`").isNull()
                               & (weight != F.lit(0)) & present, F.lit(False))
+            self._raw.append((r, keep, weight))
             self._split.append((keep, [F.col(f"`{r}`.`{c}`").alias(c) for c in node.schema.names]
                                 + [weight.cast("long").alias(W)]))
         # every entry no table keeps is bad (too big, no or unknown table, refused by its
@@ -83,16 +85,29 @@ class Decoder:
         """The entries with each one's table struct: persist this, then ``split`` it."""
         return entries_df.select(*self._parsed)
 
-    def single_table(self, parsed_df, keep: str, sequence: str, bad: str):
-        """For a decoder of one table: every entry as one row (the static plan, static.py) —
-        ``keep``: whether the table keeps it; ``sequence``: its queue sequence; ``bad`` + each
-        of ENTRY_COLUMNS: the entry if it is bad, else NULL; then the table's columns + W."""
+    def tagged(self, parsed_df, reads: list[SourceTable], side: str, sequence: str, bad: str):
+        """Every entry as one row (the static plan, static.py): ``side`` = the index in ``reads``
+        of the table that keeps it (NULL: none of them); ``sequence``: its queue sequence;
+        ``bad`` + each of ENTRY_COLUMNS: the entry if it is bad, else NULL; then the columns of
+        the tables read (a name several tables have is one column) and W."""
         from pyspark.sql import functions as F
 
-        (kept, cols), = self._split
-        return parsed_df.select(kept.alias(keep), F.col("sequence").alias(sequence),
+        mine = [self._raw[self.sources.index(t)] for t in reads]
+        which = F.coalesce(*[F.when(keep, F.lit(i)) for i, (_, keep, _) in enumerate(mine)])
+        names: list[str] = []
+        for t in reads:
+            names += [c for c in t.schema.names if c not in names]
+
+        def value(c: str):
+            parts = [F.when(keep, F.col(f"`{r}`.`{c}`"))
+                     for t, (r, keep, _) in zip(reads, mine, strict=True) if c in t.schema.names]
+            return (parts[0] if len(parts) == 1 else F.coalesce(*parts)).alias(c)
+
+        weight = F.coalesce(*[F.when(keep, w) for _, keep, w in mine]).cast("long")
+        return parsed_df.select(which.alias(side), F.col("sequence").alias(sequence),
                                 *[F.when(self._bad, F.col(c)).alias(bad + c)
-                                  for c in ENTRY_COLUMNS], *cols)
+                                  for c in ENTRY_COLUMNS],
+                                *[value(c) for c in names], weight.alias(W))
 
     def split(self, parsed_df):
         """(frames: {source name: DataFrame of its columns + W}, checked: a row per entry for

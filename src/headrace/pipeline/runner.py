@@ -149,6 +149,7 @@ class Pipeline(PipelineBuilder):
         self.retain_batches = retain_batches
         # plan a pipeline of the static plan's shape once, not per batch (static.py)
         self.static_plan = bool(static_plan)
+        self._static_next = None  # what _prepare_static set: (t, state, after, prefix, writers)
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -324,26 +325,52 @@ class Pipeline(PipelineBuilder):
         self._static_batch(df, ends)
 
     def _static_batch(self, df, ends: dict[str, int | None]) -> None:
-        """Commit the entries through ``ends`` with ``df``, the static plan's control rows."""
-        from headrace.pipeline.job import stage_spec
-        from headrace.pipeline.static import collect, static_shape
+        """Commit the entries through ``ends`` with ``df``, the static plan's control rows,
+        whose tasks read the parameters ``_prepare_static`` set; then set the next batch's."""
+        from headrace.pipeline.static import check
 
-        q, op = self.queues[0], static_shape(self)
+        q = self.queues[0]
         after = self.bindings.get(q, -1)
         through = max(after, ends[q] if ends.get(q) is not None else -1)
-        if through == after:
-            return  # everything in this Spark batch was processed before a restart
+        if through != after:
+            prepared = self._static_next
+            if prepared is None or prepared[:3] != (self.time, self.bindings.get(STATE_KEY),
+                                                    after):
+                raise PipelineError(f"pipeline {self.name!r}: the static plan's parameters "
+                                    f"were prepared for {prepared and prepared[:3]}, not for "
+                                    f"(t, state, after) = ({self.time}, "
+                                    f"{self.bindings.get(STATE_KEY)}, {after}); restart it")
+            for shard, wid in prepared[4].items():  # refresh the leases the tasks upload under
+                if self.persist.open_writer(shard).register() != wid:
+                    raise PipelineError(f"shard {shard!r}: its writer changed since the batch "
+                                        "was prepared; restart the pipeline")
 
-        def run(t: int, version: int | None, shards: set[str]) -> pa.Table:
-            writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
-            spec = stage_spec(op, emit_rows=False, t=t, persist_root=self.persist.root,
-                              sinks=[s.shard for s in self.sinks if s.shard in shards],
-                              writer_ids=writer_ids, inline_max=self.output_inline_max)
-            return collect(self.spark, df, spec, self._task_context(version, t, True),
-                           after, through)
+            def run(t: int, version: int | None, shards: set[str]) -> pa.Table:
+                rows = df.toArrow()
+                check(rows, prepared[3])
+                return rows
 
-        self._commit_batch(df, {q: through}, watermark=None, collect=run)
-        self.metrics["static_batches"] += 1
+            self._commit_batch(df, {q: through}, watermark=None, collect=run)
+            self.metrics["static_batches"] += 1
+        self._prepare_static()  # a skipped batch's map stages may have run: a fresh prefix
+
+    def _prepare_static(self, through: int = 2**63 - 1) -> None:
+        """Set the next batch's parameters for the static plan's tasks (static.prepare)."""
+        from headrace.pipeline.job import stage_spec
+        from headrace.pipeline.static import prepare, static_shape
+
+        ops = static_shape(self)
+        t, version = self.time, self.bindings.get(STATE_KEY)
+        after = self.bindings.get(self.queues[0], -1)
+        shards = {s for s, _ in self._outputs()}
+        writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
+        specs = [stage_spec(op, emit_rows=i < len(ops) - 1, t=t, persist_root=self.persist.root,
+                            writer_ids=writer_ids, inline_max=self.output_inline_max,
+                            sinks=[s.shard for s in self.sinks if s.node is op])
+                 for i, op in enumerate(ops)]
+        ctx = self._task_context(version, t, True)
+        prepare(self.spark, specs, ctx, after, through)
+        self._static_next = (t, version, after, ctx.run_prefix, writer_ids)
 
     def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
         """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log;
@@ -380,9 +407,11 @@ class Pipeline(PipelineBuilder):
             return
         from headrace.pipeline.static import build, static_shape
 
-        op = static_shape(self) if self.static_plan else None
-        if op is not None:  # the same tasks as the query's batches, over the range
-            self._static_batch(build(self, op, entries), ends)
+        ops = static_shape(self) if self.static_plan else None
+        if ops is not None:  # the same tasks as the query's batches, over the range
+            q = self.queues[0]
+            self._prepare_static(through=max(ends[q], afters[q]))
+            self._static_batch(build(self, ops, entries), ends)
         else:
             self._process_range(entries, ends)
 

@@ -5,28 +5,34 @@ builds a new plan in each micro-batch — ~236 round trips for a group-by, about
 function (docs/pipeline.md, "Where a steady batch's time goes"). Spark's own streaming query plans
 in the JVM. Here the plan is built once, on the streaming DataFrame, before the query starts:
 
-    entries → parse (decode.py) → one row per entry: KEEP, SEQ, the entry if bad, the table's
-    columns + W → BUCKET → repartition by BUCKET (a stateful operator) → mapInArrow(batch_task)
+    entries → parse (decode.py) → one row per entry: SIDE (which table the first operator reads
+    it as), SEQ, the entry if bad, the tables' columns + W → BUCKET → repartition → first
+    operator (entries_task) → [BUCKET → repartition → next operator (chained_task)]*
 
-and each batch's parameters — the operator's StageSpec (time, sinks, writer ids), the state's
-TaskContextSpec (version read, run prefix) and the range (after, through] of sequences to
-process — travel to the tasks in the Spark local property ``headrace.batch``, which the driver
-sets inside ``foreachBatch`` right before the batch's one collect (Spark runs the batch's job on
-that thread, so its tasks see the value; checked: every batch's tasks read their own batch's).
-The driver's share of a batch is then that property, one collect, and the commit.
+and each batch's parameters — every operator's StageSpec (time, sinks, writer ids), the state's
+TaskContextSpec (version read, run prefix) and the range of sequences to process — travel to the
+tasks in the Spark local property ``headrace.batch``. Spark runs the shuffle map stages of a
+``foreachBatch`` DataFrame before it calls the function, so the driver sets a batch's
+parameters ahead: before the query starts and at the end of the batch before (``prepare``); the
+tasks echo the batch's run prefix and ``check`` refuses a batch any task of which ran with other
+parameters, before anything is committed. The driver's share of a batch is one collect and the
+commit.
 
-``batch_task`` does in one task what the per-batch job does in two branches: it keeps the
+The first operator's task does what the per-batch job does in two branches: it keeps the
 entries in the range (a restarted query may re-deliver entries already processed), counts them,
 describes the bad ones (as decode.entries_task; no entry is dropped without a trace), and runs
-the operator over the kept rows (tasks.run_stage_partition). Bad entries and entries of no
-table are routed with the others (their bucket is the hash of NULL keys), so no second branch
-reads the entries again.
+the kernel over the rows its tables keep (tasks.run_stage_partition). Bad entries and entries of
+other tables travel with the others (their bucket is the hash of NULL keys), so no second branch
+reads the entries again. Each later operator's task runs its kernel over the data rows of the
+one before and passes that stage's control rows on, so they all reach the last stage's collect
+and nothing is persisted.
 
-Shape (``static_shape``): one queue, one table, one operator reading it directly (a stateless
-step in between would need its own handling of bad entries), every sink behind that operator;
-reservoir state, no event time, no dead-letter shard, no ``read_stream``. The batch a crash
-interrupted runs the same plan over its queue range before the query starts. Every other
-pipeline, and every recovery replay or history batch, runs the per-batch job.
+Shape (``static_shape``): one queue; a chain of operators, the first reading one table or two
+different tables (a join), each later one reading only the one before, each but the last read
+by nothing else; sinks behind any of them; no stateless step (it would need its own handling of
+bad entries), reservoir state, no event time, no dead-letter shard, no ``read_stream``. The
+batch a crash interrupted runs the same plan over its queue range before the query starts. Every
+other pipeline, and every recovery replay or history batch, runs the per-batch job.
 """
 
 from __future__ import annotations
@@ -38,102 +44,176 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.pipeline.decode import ENTRY_COLUMNS
-from headrace.pipeline.names import BUCKET, PREFIX, W
-from headrace.pipeline.plan import Operator, SourceTable, spark_ddl
+from headrace.pipeline.names import BUCKET, PREFIX, SIDE, W
+from headrace.pipeline.plan import Operator, SourceTable, consumers, spark_ddl
 from headrace.pipeline.tasks import (
     CONTROL_SCHEMA,
+    KIND,
+    PAYLOAD,
     StageSpec,
     TaskContextSpec,
     control_rows,
     run_stage_partition,
     schema_from_bytes,
+    stage_schema,
 )
 
 PROPERTY = "headrace.batch"
-KEEP = f"{PREFIX}keep"
 SEQ = f"{PREFIX}seq"
 BAD = f"{PREFIX}bad_"  # + each of ENTRY_COLUMNS
 
 
-def static_shape(p) -> Operator | None:
-    """The operator of a pipeline the static plan can run, else None."""
+def static_shape(p) -> list[Operator] | None:
+    """The operators, in order, of a pipeline the static plan can run; else None."""
     if (len(p.queues) != 1 or p.streams or p.dead_letter_shard
             or p.state_backend != "reservoir"):
         return None
-    sources = [n for n in p.nodes if isinstance(n, SourceTable)]
     ops = [n for n in p.nodes if isinstance(n, Operator)]
-    if len(sources) != 1 or len(ops) != 1 or len(p.nodes) != 2:
+    if not ops or any(not isinstance(n, Operator | SourceTable) for n in p.nodes):
         return None
-    op = ops[0]
-    if op.sources != [sources[0]] or op.expiry is not None or op.emit_final:
+    first = ops[0].sources
+    if (not 1 <= len(first) <= 2 or len({id(s) for s in first}) != len(first)
+            or not all(isinstance(s, SourceTable) for s in first)):
         return None
-    if any(s.node is not op for s in p.sinks):
+    for before, op in zip(ops, ops[1:], strict=False):
+        if op.sources != [before] or consumers(p.nodes, before) != [op]:
+            return None
+    if consumers(p.nodes, ops[-1]):
         return None
-    return op
+    if any(op.expiry is not None or op.emit_final for op in ops):
+        return None
+    return ops
 
 
-def build(p, op: Operator, entries_df):
-    """The static plan over the streaming DataFrame of the queue's entries: a DataFrame of
-    control rows per batch (the tasks wait for ``headrace.batch``)."""
+def build(p, ops: list[Operator], entries_df):
+    """The static plan over a DataFrame of the queue's entries (the query's stream, or a range
+    on recovery): a DataFrame of control rows per batch (the tasks wait for
+    ``headrace.batch``)."""
+    from pyspark.sql import functions as F
+
     from headrace.pipeline.job import bucket_expr
 
     decoder = p._decoder()
-    rows = decoder.single_table(decoder.parse(entries_df), KEEP, SEQ, BAD)
-    rows = rows.withColumn(BUCKET, bucket_expr(op.bucket_columns[0], p.buckets))
-    if op.state_sides:  # rows of one key meet their state in one task
-        rows = rows.repartition(p.partitions, BUCKET)
-    source = op.sources[0]
-    return rows.mapInArrow(batch_task(source.queue, source.table, p.max_entry_bytes),
-                           spark_ddl(CONTROL_SCHEMA))
+    first = ops[0]
+    rows = decoder.tagged(decoder.parse(entries_df), first.sources, SIDE, SEQ, BAD)
+    buckets = [bucket_expr(first.bucket_columns[i], p.buckets) for i in range(len(first.sources))]
+    rows = rows.withColumn(BUCKET, buckets[0] if len(buckets) == 1 else
+                           F.when(F.col(SIDE) == F.lit(1), buckets[1]).otherwise(buckets[0]))
+    # every table the queue's entries may name, to say what is wrong with a bad one
+    tables = {n.table: n.schema for n in p.nodes if isinstance(n, SourceTable)}
+    for i, op in enumerate(ops):
+        if i:
+            rows = rows.withColumn(BUCKET, bucket_expr(op.bucket_columns[0], p.buckets))
+        if op.state_sides:  # rows of one key meet their state in one task
+            rows = rows.repartition(p.partitions, BUCKET)
+        out = stage_schema(op.schema) if i < len(ops) - 1 else CONTROL_SCHEMA
+        task = (entries_task(first.sources[0].queue, tables, p.max_entry_bytes, out) if i == 0
+                else chained_task(i, out))
+        rows = rows.mapInArrow(task, spark_ddl(out))
+    return rows
 
 
-def collect(spark, df, spec: StageSpec, ctx: TaskContextSpec, after: int,
-            through: int) -> pa.Table:
-    """Run the batch: set its parameters for the tasks, collect the control rows."""
-    sc = spark.sparkContext
-    payload = pickle.dumps((spec, ctx, after, through), protocol=pickle.HIGHEST_PROTOCOL)
-    sc.setLocalProperty(PROPERTY, base64.b64encode(payload).decode())
-    try:
-        return df.toArrow()
-    finally:
-        sc.setLocalProperty(PROPERTY, None)
+def prepare(spark, specs: list[StageSpec], ctx: TaskContextSpec, after: int,
+            through: int = 2**63 - 1) -> None:
+    """Set the parameters of the next batch for its tasks, on this thread.
+
+    Spark (4.x, adaptive execution on) runs the shuffle map stages of a ``foreachBatch``
+    DataFrame before it calls the function (measured: a map stage's tasks read the property
+    as it was when the previous call returned), so a batch's parameters are set *ahead*: before
+    the query starts (its thread inherits this thread's properties) and at the end of each
+    batch, for the next. The tasks echo ``ctx.run_prefix``: ``check`` refuses a batch any of
+    whose tasks ran with other parameters, before anything is committed."""
+    payload = pickle.dumps((specs, ctx, after, through), protocol=pickle.HIGHEST_PROTOCOL)
+    spark.sparkContext.setLocalProperty(PROPERTY, base64.b64encode(payload).decode())
 
 
-def batch_task(queue: str, table: str, max_entry_bytes: int):
+def clear(spark) -> None:
+    spark.sparkContext.setLocalProperty(PROPERTY, None)
+
+
+def check(rows: pa.Table | None, run_prefix: str) -> None:
+    """Every task of the batch ran with the parameters of ``run_prefix`` (else raise)."""
+    if rows is None:
+        return
+    seen = {p.decode() for k, p in zip(rows[KIND].to_pylist(), rows[PAYLOAD].to_pylist(),
+                                       strict=True) if k == "batch"}
+    if seen - {run_prefix}:
+        raise RuntimeError(f"static plan: tasks ran with the parameters of {sorted(seen)}, "
+                           f"not of this batch ({run_prefix}); nothing was committed")
+
+
+def _batch():
+    """(TaskContext, (specs, ctx, after, through)) of the running task's batch."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    raw = tc.getLocalProperty(PROPERTY) if tc else None
+    if raw is None:
+        raise RuntimeError(f"static plan task without its {PROPERTY!r} local property: the "
+                           "batch was run outside Pipeline._static_batch")
+    return tc, pickle.loads(base64.b64decode(raw))
+
+
+def _table(batches) -> pa.Table | None:
+    batches = list(batches)
+    if not batches:
+        return None
+    # Spark may mark a column non-nullable in some batches: same types, so cast
+    schema = pa.schema([f.with_nullable(True) for f in batches[0].schema])
+    return pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
+
+
+def entries_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
+                 out: pa.Schema):
+    """The first operator's task: the batch's entries of this partition in, its stage out."""
+
     def fn(batches):
-        from pyspark import TaskContext
-
         from headrace.pipeline.decode import bad_summary
 
-        tc = TaskContext.get()
-        raw = tc.getLocalProperty(PROPERTY) if tc else None
-        if raw is None:
-            raise RuntimeError(f"static plan task without its {PROPERTY!r} local property: "
-                               "the batch was run outside Pipeline._process_static")
-        spec, ctx, after, through = pickle.loads(base64.b64decode(raw))
-        batches = list(batches)
-        if batches:
-            # Spark may mark a column non-nullable in some batches: same types, so cast
-            schema = pa.schema([f.with_nullable(True) for f in batches[0].schema])
-            rows = pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
+        tc, (specs, ctx, after, through) = _batch()
+        spec = specs[0]
+        rows = _table(batches)
+        if rows is not None:
             seq = rows[SEQ]
             rows = rows.filter(pc.and_(pc.greater(seq, after), pc.less_equal(seq, through)))
-        else:
-            rows = None
         n = 0 if rows is None else rows.num_rows
-        control = [("rows", str(n).encode())]
+        control = [("rows", str(n).encode()), ("batch", ctx.run_prefix.encode())]
         if n:
             bad = rows.filter(rows[BAD + "sequence"].is_valid())
             if bad.num_rows:
                 entries = pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS})
-                schemas = {queue: {table: schema_from_bytes(spec.inputs[0])}}
-                summary, _ = bad_summary(entries, schemas, max_entry_bytes)
+                summary, _ = bad_summary(entries, {queue: tables}, max_entry_bytes)
                 control.append(("bad", pickle.dumps(summary)))
-            names = [*schema_from_bytes(spec.inputs[0]).names, W, BUCKET]
-            kept = rows.filter(rows[KEEP]).select(names)
+            kept = rows.filter(rows[SIDE].is_valid())
             if kept.num_rows:
-                pid, attempt = (tc.partitionId(), tc.attemptNumber())
-                yield from run_stage_partition(kept.to_batches(), spec, ctx, pid, attempt)
-        yield control_rows(control, CONTROL_SCHEMA)
+                names = [c for c in kept.column_names
+                         if c != SEQ and not c.startswith(BAD)]
+                yield from run_stage_partition(kept.select(names).to_batches(), spec, ctx,
+                                               tc.partitionId(), tc.attemptNumber())
+        yield control_rows(control, out)
+
+    return fn
+
+
+def chained_task(i: int, out: pa.Schema):
+    """Operator ``i`` (> 0): the data rows of operator i - 1 in, its stage out; the control
+    rows of the stages before pass through to the collect."""
+
+    def fn(batches):
+        tc, (specs, ctx, _, _) = _batch()
+        rows = _table(batches)
+        yield control_rows([("batch", ctx.run_prefix.encode())], out)
+        if rows is None:
+            return
+        kind = rows[KIND]
+        data = rows.filter(kind.is_null())
+        if data.num_rows:
+            names = [*schema_from_bytes(specs[i].inputs[0]).names, W, BUCKET]
+            yield from run_stage_partition(data.select(names).to_batches(), specs[i], ctx,
+                                           tc.partitionId(), tc.attemptNumber())
+        passed = rows.filter(kind.is_valid())
+        if passed.num_rows:
+            yield control_rows(list(zip(passed[KIND].to_pylist(), passed[PAYLOAD].to_pylist(),
+                                        strict=True)), out)
 
     return fn

@@ -22,6 +22,17 @@ log = logging.getLogger("headrace.pipeline")
 def run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: str | None,
                 timeout_s: float | None) -> int:
     """Run the pipeline's query (after recovery); returns the batches committed."""
+    from headrace.pipeline.static import clear
+
+    try:
+        return _run_queries(p, until_idle=until_idle, max_runs=max_runs,
+                            processing_time=processing_time, timeout_s=timeout_s)
+    finally:
+        clear(p.spark)  # the static plan's parameters (static.prepare), set on this thread
+
+
+def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: str | None,
+                 timeout_s: float | None) -> int:
     from headrace.pipeline.runner import PipelineError
     from headrace.pipeline.static import build as build_static
     from headrace.pipeline.static import static_shape
@@ -31,9 +42,10 @@ def run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: s
     while True:
         before = p.metrics["batches"]
         stream, process = input_stream(p), p._process
-        op = static_shape(p) if p.static_plan else None
-        if op is not None:  # planned once for the whole query (static.py)
-            stream, process = build_static(p, op, stream), p._process_static
+        ops = static_shape(p) if p.static_plan else None
+        if ops is not None:  # planned once for the whole query (static.py)
+            stream, process = build_static(p, ops, stream), p._process_static
+            p._prepare_static()  # the query's thread inherits it
         writer = (stream.writeStream.foreachBatch(process)
                   .option("checkpointLocation", p.checkpoint_dir))
         try:
