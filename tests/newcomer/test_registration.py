@@ -69,6 +69,8 @@ def children(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     """Both fresh processes, run at once (each is mostly a JVM's start-up: the suite's time)."""
     base = tmp_path_factory.mktemp("registration")
     venv_bin = str(Path(sys.executable).parent)
+    from headrace.testing.spark import child_env
+
     plain = {k: v for k, v in os.environ.items()
              if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_TESTING")}
     # an activated venv: `python3` on the PATH is the one with headrace (Spark's default)
@@ -78,6 +80,8 @@ def children(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     # (PYSPARK_DRIVER_PYTHON, else PYSPARK_PYTHON, else python3) cannot be run
     off = {**os.environ, "PYSPARK_DRIVER_PYTHON": str(base / "no-python"),
            "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    # each child's JVM with C1 only (JAVA_TOOL_OPTIONS: no effect on the data source lookup)
+    plain, off = child_env(plain), child_env(off)
     runs = {}
     for name, script, env in (("plain", SCRIPT, plain), ("lookup_off", FALLBACK, off)):
         d = base / name

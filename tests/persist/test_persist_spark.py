@@ -126,9 +126,11 @@ df = (spark.readStream.format("json").schema("user string, amount long")
 
 def _kill_driver_mid_stream(inputs, url, ckpt) -> None:
     """Run the query in its own driver process and SIGKILL it (JVM included) mid-stream."""
+    from headrace.testing.spark import child_env
+
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(inputs), url, str(ckpt)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env=child_env())
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:

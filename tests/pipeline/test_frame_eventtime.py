@@ -61,27 +61,42 @@ def waves():
     return [first, late + inside + second], first + inside + second, late
 
 
-@pytest.mark.parametrize("mode", ["update", "append"])
-def test_windowed_aggregate_with_watermark_equals_spark(spark, tmp_path, waves, mode):
+MODES = ("update", "append")
+
+
+@pytest.fixture(scope="module")
+def windowed(spark, tmp_path_factory, waves):
+    """One pipeline over both waves (a restart between) writing the windowed aggregate to an
+    update sink and, from a second aggregate (an operator emits either changes or final rows),
+    to an append sink: each mode's operator and sink as in a pipeline of its own, one run."""
     from headrace.pipeline.runner import Pipeline
 
-    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
-    batches, kept, late = waves
+    base = tmp_path_factory.mktemp("windowed")
+    root, ckpt = str(base / "store"), str(base / "ck")
     p = None
-    for wave in batches:
+    for wave in waves[0]:
         produce_entries(root, "in", encode_entries("bid", wave))
         p = Pipeline(spark, root, name="et", partitions=2, buckets=4, checkpoint_dir=ckpt)
-        _query(p.read_queue("in", SCHEMAS)).write_shard("out", mode=mode)
-        p.run(until_idle=True)
-    assert p.metrics["late_rows"] == len(late)
-    streamed = p.read_shard("out")
+        src = p.read_queue("in", SCHEMAS)
+        for mode in MODES:
+            _query(src).write_shard(f"out_{mode}", mode=mode)
+        p.run(until_idle=True, max_runs=1)
+    return p
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_windowed_aggregate_with_watermark_equals_spark(spark, windowed, waves, mode):
+    p = windowed
+    batches, kept, late = waves
+    assert p.metrics["late_rows"] == len(MODES) * len(late)  # each aggregate drops its own
+    streamed = p.read_shard(f"out_{mode}")
     expected = batch_result(spark, SCHEMAS, {"bid": kept}, _batch)
     if mode == "append":
         # final watermark = max event time - 5 s: only windows ending by then are emitted
         top = max(r["dateTime"] for r in kept) - dt.timedelta(seconds=5)
         expected = expected.filter(_f_le(expected, top))
         assert expected.num_rows > 0
-        shard = p.persist.read_only("out").snapshot(p.persist.upper("out") - 1)
+        shard = p.persist.read_only("out_append").snapshot(p.persist.upper("out_append") - 1)
         assert set(shard["diff"].to_pylist()) == {1}  # each window once, never retracted
     equal, why = rows_equal(streamed, expected)
     assert equal, why
@@ -180,7 +195,7 @@ def test_windowed_join_and_downstream_aggregate_expire_and_equal_spark(spark, tm
         produce_entries(root, "in", encode_entries("bid", wave))
         p = Pipeline(spark, root, name="hot", partitions=2, buckets=4, checkpoint_dir=ckpt)
         _hot(p.read_queue("in", SCHEMAS)).write_shard("out")
-        p.run(until_idle=True)
+        p.run(until_idle=True, max_runs=1)
     assert p.metrics["late_rows"] == len(late)
     equal, why = rows_equal(p.read_shard("out"),
                             batch_result(spark, SCHEMAS, {"bid": kept}, _hot_batch))
@@ -246,7 +261,7 @@ def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tm
             clicks.join(views, on="ad", how=how, time_columns=("ct", "vt"),
                         within=("-5 seconds", "10 seconds"), name=f"j_{how}").write_shard(
                 f"out_{how}", mode=mode)
-        p.run(until_idle=True)
+        p.run(until_idle=True, max_runs=1)
         if wave is second:  # metrics are the run's (each join drops and counts them)
             assert p.metrics["late_rows"] == len(JOINS) * late
 

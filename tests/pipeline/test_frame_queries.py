@@ -172,7 +172,7 @@ def results(spark, tmp_path_factory):
                **p.read_queue("auctions", {"auction": SCHEMAS["auction"]})}
         for name, (query, _) in QUERIES.items():
             query(src).write_shard(name)
-        p.run(until_idle=True)
+        p.run(until_idle=True, max_runs=1)
     net = {"bid": bids[40:] + more_bids[:60], "auction": auctions[1:],
            "typed": typed[10:] + more_typed[:10]}
     return p, net

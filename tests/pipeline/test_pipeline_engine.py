@@ -52,7 +52,7 @@ def test_outputs_reach_the_shard_as_task_parts_only(spark, tmp_path, expected):
         return absorb(rows)
 
     p._absorb_control = spy
-    assert p.run(until_idle=True) >= 2
+    assert p.run(until_idle=True, max_runs=1) >= 2
     assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
     assert p.metrics["driver_inline_output_bytes_max"] == 0
     assert all("out" not in kinds for kinds in seen)
@@ -68,11 +68,11 @@ def test_partitions_change_on_restart(spark, tmp_path, expected):
     produce(root, payloads[:half])
     ckpt = str(tmp_path / "ck")
     p1 = build_pipeline(spark, root, partitions=1, checkpoint_dir=ckpt, batches_per_trigger=1)
-    p1.run(until_idle=True)
+    p1.run(until_idle=True, max_runs=1)
     assert p1.time >= 1
     produce(root, payloads[half:])
     p2 = build_pipeline(spark, root, partitions=3, checkpoint_dir=ckpt, batches_per_trigger=1)
-    p2.run(until_idle=True)
+    p2.run(until_idle=True, max_runs=1)
     assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
 
 
@@ -107,7 +107,7 @@ def test_bad_entries_go_to_the_dead_letter_shard(spark, tmp_path):
     root = str(tmp_path / "store")
     produce(root, [json.dumps(g).encode() for g in GOOD] + POISON)
     p = _bad_pipeline(spark, root, str(tmp_path / "ck"), "dead_letter")
-    p.run(until_idle=True)
+    p.run(until_idle=True, max_runs=1)
     assert p.metrics["bad_entries"] == 6
     dead = p.read_shard("bad.dead_letter").sort_by("index")
     assert dead["index"].to_pylist() == [2, 3, 4, 5, 6, 7]
@@ -123,13 +123,13 @@ def test_a_new_store_at_an_old_root_never_meets_the_old_spark_checkpoint(spark, 
     root = str(tmp_path / "store")
     _produce(root, 2)
     first = build_pipeline(spark, root, partitions=2, batches_per_trigger=1)
-    first.run(until_idle=True)
+    first.run(until_idle=True, max_runs=1)
     old_ckpt = first.checkpoint_dir
     shutil.rmtree(root)  # a new, empty store at the same root
     _produce(root, 2)
     again = build_pipeline(spark, root, partitions=2, batches_per_trigger=1)
     assert again.checkpoint_dir != old_ckpt
-    again.run(until_idle=True)
+    again.run(until_idle=True, max_runs=1)
     assert normalize_totals(again.read_shard(OUTPUT_SHARD)) == expected
     shutil.rmtree(old_ckpt, ignore_errors=True)
     shutil.rmtree(again.checkpoint_dir, ignore_errors=True)
@@ -188,6 +188,6 @@ def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path,
         times.append(p2.time)
 
     p2._run_interrupted_batch = spy
-    p2.run(until_idle=True)
+    p2.run(until_idle=True, max_runs=1)
     assert times == [1, 2]  # batch 1 ran from the queue before Spark started
     assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected

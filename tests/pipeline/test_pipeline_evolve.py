@@ -284,7 +284,7 @@ def test_a_running_pipeline_gains_a_sink_and_operators(spark, tmp_path):
     first, later = _rows(1, 80), _rows(2, 80)
     produce_entries(root, "in", encode_entries("bid", first)
                     + encode_entries("bid", first[:10], weight=-1))
-    _define(spark, root, ckpt, grown=False).run(until_idle=True)
+    _define(spark, root, ckpt, grown=False).run(until_idle=True, max_runs=1)
 
     produce_entries(root, "in", encode_entries("bid", later[:40]))
     produce_entries(root, "in", encode_entries("bid", later[40:]))
@@ -300,7 +300,7 @@ def test_a_running_pipeline_gains_a_sink_and_operators(spark, tmp_path):
         crashing.run(until_idle=True)
     assert crashing.persist.upper("ev.progress") == crashing.persist.upper("ev.big") + 1
     p = _define(spark, root, ckpt, grown=True)
-    p.run(until_idle=True)
+    p.run(until_idle=True, max_runs=1)
     assert p.metrics["replayed_batches"] == 1
 
     def per_auction(s):

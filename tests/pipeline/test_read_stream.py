@@ -159,7 +159,7 @@ def test_file_stream_equals_batch_sql_then_start_adds_only_new_files(spark, tmp_
     kw = {"name": "clk", "partitions": 2, "buckets": 4, "checkpoint_dir": str(tmp_path / "ck")}
     p = Pipeline(spark, root, **kw)
     _build(p, spark, folder)
-    p.run(until_idle=True)
+    p.run(until_idle=True, max_runs=1)
     assert p.streams[0].metrics["rows"] == 24
     _assert_equal(p, spark, folder, users)
 
@@ -265,7 +265,7 @@ def _worker(root: str, folder: str, ckpt: str, step: str, batch: int) -> None:
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     p.streams[0].on_step = on_step
-    p.run(until_idle=True)
+    p.run(until_idle=True, max_runs=1)
 
 
 def test_sigkill_after_an_append_before_spark_commits_then_restart(spark, tmp_path):
@@ -275,7 +275,9 @@ def test_sigkill_after_an_append_before_spark_commits_then_restart(spark, tmp_pa
     root, folder, ckpt = str(tmp_path / "store"), tmp_path / "in", str(tmp_path / "ck")
     for i in range(3):
         _write_file(folder, i)
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    from headrace.testing.spark import child_env
+
+    env = child_env(SPARK_LOCAL_IP="127.0.0.1")
     # dies after batch 1's append, before Spark commits batch 1 (a crash after the intent
     # only is test_a_replayed_batch_id_appends_once's batch 1)
     proc = subprocess.run([sys.executable, __file__, root, str(folder), ckpt, "append", "1"],
@@ -285,7 +287,7 @@ def test_sigkill_after_an_append_before_spark_commits_then_restart(spark, tmp_pa
     assert not os.path.exists(os.path.join(ckpt, "streams", "clicks", "commits", "1"))
     p = Pipeline(spark, root, name="ks", partitions=2, buckets=4, checkpoint_dir=ckpt)
     p.read_stream(_stream(spark, folder, per_trigger=1), "clicks").write_shard("raw")
-    p.run(until_idle=True)
+    p.run(until_idle=True, max_runs=1)
     assert p.streams[0].metrics["replayed_batches"] == 1  # batch 1 had landed: not again
     ok, why = rows_equal(p.read_shard("raw"),
                          spark.read.schema(DDL).parquet(str(folder)).toArrow())

@@ -46,7 +46,7 @@ def test_pipeline_matches_batch_recomputation(spark, tmp_path, expected):
     p = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(tmp_path / "ckpt"),
                        batches_per_trigger=1)
     puts = track_puts(p)
-    batches = p.run(until_idle=True)
+    batches = p.run(until_idle=True, max_runs=1)
     assert batches >= 3
     assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
     # state changes of all partitions reach the store as one bundle per micro-batch: after
@@ -100,7 +100,7 @@ def test_crash_at_each_protocol_step_then_restart(spark, tmp_path, expected):
     shutil.rmtree(ckpt)  # and Spark's own offsets and commits are gone too
     last = build_pipeline(spark, root, partitions=3, checkpoint_dir=str(ckpt),
                           batches_per_trigger=1)
-    last.run(until_idle=True)
+    last.run(until_idle=True, max_runs=1)
     # the output-cas crash left batch t committed but unpublished: rebuilt on restart
     assert last.metrics["replayed_batches"] == 1
     assert normalize_totals(last.read_shard(OUTPUT_SHARD)) == expected
@@ -111,7 +111,7 @@ def test_pipeline_on_s3(spark, s3_url, expected):
     produce_waves(s3_url, waves=2)
     p = build_pipeline(spark, s3_url, partitions=3, batches_per_trigger=1)
     puts = track_puts(p)
-    assert p.run(until_idle=True) >= 2
+    assert p.run(until_idle=True, max_runs=1) >= 2
     assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
     assert puts[1:] == [5] * (p.time - 1)
 
@@ -134,7 +134,7 @@ def test_local_backup_backend_crash_and_new_host(spark, tmp_path, expected):
     assert any(m.key.startswith("demo.backup/") for m in LocalStore(root).list("demo.backup/"))
     p2 = build_pipeline(spark, root, partitions=3, batches_per_trigger=1,
                         state_backend="local+backup", local_root=str(tmp_path / "host-b"))
-    p2.run(until_idle=True)
+    p2.run(until_idle=True, max_runs=1)
     assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
     # the same store refuses the other backend: the state layout is part of the fingerprint
     p3 = build_pipeline(spark, root, partitions=3)

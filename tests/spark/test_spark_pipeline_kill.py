@@ -14,11 +14,15 @@ from headrace.persist import PersistClient
 from headrace.spark.demo import DemoSpec, encode, generate_events, produce
 from headrace.store import open_store
 from headrace.testing.pipeline_kill import run_and_kill, run_to_end
+from headrace.testing.spark import child_env
 
 pytestmark = pytest.mark.spark
 
 
-def test_sigkill_then_restart_on_new_host(tmp_path):
+def test_sigkill_then_restart_on_new_host(tmp_path, monkeypatch):
+    # the worker processes take this process's environment: their JVMs with C1 only (this
+    # test starts no JVM of its own)
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", child_env()["JAVA_TOOL_OPTIONS"])
     spec = DemoSpec(seed=5, customers=25, orders=800)
     root = str(tmp_path / "store")
     payloads = encode(generate_events(spec))

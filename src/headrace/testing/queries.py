@@ -69,7 +69,7 @@ def stream_result(spark, root: str, schemas: dict[str, str], waves: list[list[by
                      checkpoint_dir=checkpoint_dir, **options)
         out = build(p, p.read_queue(queue, schemas))
         out.write_shard(f"{name}.out")
-        p.run(until_idle=True)
+        p.run(until_idle=True, max_runs=1)
     return p.read_shard(f"{name}.out")
 
 
