@@ -77,9 +77,6 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
     (the history is one batch), its watermark then comes from the history (~25 s), so new
     rows in windows ending by then are dropped and counted."""
     import os
-    import signal
-    import subprocess
-    import sys
 
     from pyspark.sql import functions as F
 
@@ -92,6 +89,7 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
         produce_entries,
         rows_equal,
     )
+    from headrace.testing.spark import run_sigkilled_child
 
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
     first = _timed(_rows(3, 60), 3, 0, 30)  # the history's largest event time: ~30 s
@@ -107,17 +105,7 @@ def test_a_new_sink_starts_from_the_retained_history_exactly_once_across_a_crash
 
     # a child driver defines the grown pipeline and is SIGKILLed inside its history batch,
     # after the commit point, once every shard but the new one is linked
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, root, ckpt,
-                              os.path.dirname(os.path.abspath(__file__))], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
-    out, _ = child.communicate(timeout=600)
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # its JVM, if still up
-    except ProcessLookupError:
-        pass
-    assert child.returncode == -signal.SIGKILL and "not killed" not in out
+    run_sigkilled_child(_CHILD, root, ckpt, os.path.dirname(os.path.abspath(__file__)))
     persist = PersistClient(open_store(root))
     assert persist.upper("hi.progress") == persist.upper("hi.big") + 1
     assert persist.upper("hi.totals") == persist.upper("hi.progress")

@@ -194,28 +194,16 @@ def test_static_plan_sigkilled_at_a_state_checkpoint_restarts_exactly_once(spark
     checkpoint (tasks done, state not committed). The restart finishes the queue: the shard
     equals Spark batch SQL over the whole input, nothing lost or counted twice."""
     import os
-    import signal
-    import subprocess
-    import sys
 
     from headrace.persist import PersistClient
     from headrace.store import open_store
+    from headrace.testing.spark import run_sigkilled_child
 
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
     waves = [_rows(11, 30), _rows(12, 30), _rows(13, 30)]
     for w in waves:
         produce_entries(root, "in", encode_entries("t", w))
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, root, ckpt,
-                              os.path.dirname(os.path.abspath(__file__))], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
-    out, _ = child.communicate(timeout=600)
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # its JVM, if still up
-    except ProcessLookupError:
-        pass
-    assert child.returncode == -signal.SIGKILL and "not killed" not in out
+    run_sigkilled_child(_CHILD, root, ckpt, os.path.dirname(os.path.abspath(__file__)))
     assert PersistClient(open_store(root)).upper("st.progress") == 1  # batch 0 committed
 
     p = _define(spark, root, ckpt, per_trigger=1)

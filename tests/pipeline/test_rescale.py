@@ -266,10 +266,6 @@ def test_a_rescale_killed_after_its_checkpoint_is_redone_or_undone_on_restart(sp
     the old layout stays committed. A restart with the old buckets rewrites the state with
     them (the landed checkpoint holds the new layout, which batches of the old one must not
     build on); a restart with the new ones redoes the rescale. Nothing lost or duplicated."""
-    import os
-    import signal
-    import subprocess
-    import sys
 
     from headrace.pipeline.progress import STATE_KEY, progress_at
     from headrace.pipeline.rescale import KILL_ENV
@@ -282,19 +278,9 @@ def test_a_rescale_killed_after_its_checkpoint_is_redone_or_undone_on_restart(sp
     p4 = build_pipeline(spark, root, partitions=3, buckets=4, checkpoint_dir=ckpt)
     p4.run(until_idle=True, max_runs=1)
     committed = dict(p4.bindings)
-    from headrace.testing.spark import child_env
+    from headrace.testing.spark import run_sigkilled_child
 
-    env = child_env(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-                    **{KILL_ENV: "after_checkpoint"})
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, root, ckpt], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
-    out, _ = child.communicate(timeout=600)
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # its JVM, if still up
-    except ProcessLookupError:
-        pass
-    assert child.returncode == -signal.SIGKILL and "not killed" not in out
+    run_sigkilled_child(_CHILD, root, ckpt, **{KILL_ENV: "after_checkpoint"})
     assert p4.persist.upper(p4.progress_shard) == p4.time  # nothing committed ...
     assert progress_at(p4.persist, p4.progress_shard, p4.time - 1) == committed
     landed = ReservoirStorage.open(root, stream=p4.stream)

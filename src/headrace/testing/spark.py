@@ -27,3 +27,26 @@ def child_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]
     out["JAVA_TOOL_OPTIONS"] = " ".join(
         o for o in (out.get("JAVA_TOOL_OPTIONS", ""), CHILD_JAVA_OPTIONS) if o)
     return out
+
+
+def run_sigkilled_child(code: str, *args: str, **env: str) -> str:
+    """Run ``python -c code *args`` as a child driver that must SIGKILL itself (a crash test):
+    C1 JVM (:func:`child_env`), loopback Spark, its own process group (its JVM is killed
+    too); asserts it died by SIGKILL without printing "not killed"; returns its stdout."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", code, *args],
+                             env=child_env(SPARK_LOCAL_IP="127.0.0.1",
+                                           PYSPARK_PYTHON=sys.executable, **env),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             start_new_session=True)
+    out, _ = child.communicate(timeout=600)
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # its JVM, if still up
+    except ProcessLookupError:
+        pass
+    assert child.returncode == -signal.SIGKILL and "not killed" not in out, (
+        f"the child was not SIGKILLed (exit {child.returncode}): {out[-500:]}")
+    return out
