@@ -108,7 +108,8 @@ def record_progress(p, query) -> None:
             p.spark_progress.append({
                 "batch_id": prog["batchId"], "input_rows": prog["numInputRows"],
                 "trigger_s": d.get("triggerExecution", 0) / 1000.0,
-                "add_batch_s": d.get("addBatch", 0) / 1000.0})
+                "add_batch_s": d.get("addBatch", 0) / 1000.0,
+                "durations_ms": dict(d)})  # every phase: offsets, WAL, planning, commit
     except Exception as e:  # noqa: BLE001 - an account only, never a failure
         log.debug("no Spark progress: %s", e)
 
