@@ -147,6 +147,48 @@ def test_static_plan_runs_a_join_then_an_aggregate_equal_to_spark(spark, tmp_pat
         assert equal, f"{shard}: {why}"
 
 
+def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
+    """A filter and a computed column before a group-by: on the static plan, the entries are
+    checked before the steps (which may drop any row) and counted aside, so the batch's input
+    count is every entry, and a bad entry still fails the batch naming it."""
+    import json
+
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.runner import Pipeline, PipelineError
+
+    def define(root, ckpt):
+        p = Pipeline(spark, root, name="ss", partitions=2, buckets=4, checkpoint_dir=ckpt,
+                     batches_per_trigger=1)
+        t = p.read_queue("in", {"t": SCHEMA})["t"]
+        (t.filter(F.col("v") > 0).with_column("v2", F.col("v") * 2)
+         .group_by("k").agg(F.count("*").alias("n"), F.sum("v2").alias("s"))
+         .write_shard("ss.out"))
+        return p
+
+    root = str(tmp_path / "store")
+    a, b = _rows(21, 50), _rows(22, 50)
+    produce_entries(root, "in", encode_entries("t", a))
+    produce_entries(root, "in", encode_entries("t", b) + encode_entries("t", a[:7], weight=-1))
+    p = define(root, str(tmp_path / "ck"))
+    p.run(until_idle=True, max_runs=1)
+    assert p.metrics["static_batches"] == p.metrics["batches"] == 2
+    assert p.last_batch["input_rows"] == len(b) + 7  # filtered-out rows are entries too
+    expected = batch_result(spark, {"t": SCHEMA}, {"t": a[7:] + b}, lambda s: s["t"].filter(
+        F.col("v") > 0).withColumn("v2", F.col("v") * 2).groupBy("k").agg(
+        F.count("*").alias("n"), F.sum("v2").alias("s")))
+    equal, why = rows_equal(p.read_shard("ss.out"), expected)
+    assert equal, why
+
+    bad_root = str(tmp_path / "bad")
+    produce_entries(bad_root, "in", encode_entries("t", a[:3]) + [
+        json.dumps({"table": "t", "k": "x", "v": 1}).encode()])
+    q = define(bad_root, str(tmp_path / "ck2"))
+    with pytest.raises(PipelineError, match=r"sequence 0 entry 3, table 't', field 'k'"):
+        q.run(until_idle=True, max_runs=1)
+    assert q.time == 0  # nothing committed
+
+
 def test_a_batch_whose_tasks_ran_with_other_parameters_is_refused():
     """The tasks echo their batch's run prefix; one from another batch fails the batch before
     anything is committed (static.check)."""

@@ -149,7 +149,8 @@ class Pipeline(PipelineBuilder):
         self.retain_batches = retain_batches
         # plan a pipeline of the static plan's shape once, not per batch (static.py)
         self.static_plan = bool(static_plan)
-        self._static_next = None  # what _prepare_static set: (t, state, after, prefix, writers)
+        self._static_next = None  # what static_batch.prepare_next set for the next batch
+        self._static_entries = None  # the static plan's entries accumulator (static.py)
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -318,59 +319,9 @@ class Pipeline(PipelineBuilder):
 
     def _process_static(self, df, batch_id: int) -> None:
         """A batch of the static plan (static.py): ``df`` is the plan's control rows."""
-        ends = offset_log_ends(self.checkpoint_dir, self.queues, batch_id)
-        if ends is None:
-            raise PipelineError(f"Spark offset log of batch {batch_id} unreadable; the static "
-                                "plan needs it (Pipeline(static_plan=False) probes the batch)")
-        self._static_batch(df, ends)
+        from headrace.pipeline.static_batch import process
 
-    def _static_batch(self, df, ends: dict[str, int | None]) -> None:
-        """Commit the entries through ``ends`` with ``df``, the static plan's control rows,
-        whose tasks read the parameters ``_prepare_static`` set; then set the next batch's."""
-        from headrace.pipeline.static import check
-
-        q = self.queues[0]
-        after = self.bindings.get(q, -1)
-        through = max(after, ends[q] if ends.get(q) is not None else -1)
-        if through != after:
-            prepared = self._static_next
-            if prepared is None or prepared[:3] != (self.time, self.bindings.get(STATE_KEY),
-                                                    after):
-                raise PipelineError(f"pipeline {self.name!r}: the static plan's parameters "
-                                    f"were prepared for {prepared and prepared[:3]}, not for "
-                                    f"(t, state, after) = ({self.time}, "
-                                    f"{self.bindings.get(STATE_KEY)}, {after}); restart it")
-            for shard, wid in prepared[4].items():  # refresh the leases the tasks upload under
-                if self.persist.open_writer(shard).register() != wid:
-                    raise PipelineError(f"shard {shard!r}: its writer changed since the batch "
-                                        "was prepared; restart the pipeline")
-
-            def run(t: int, version: int | None, shards: set[str]) -> pa.Table:
-                rows = df.toArrow()
-                check(rows, prepared[3])
-                return rows
-
-            self._commit_batch(df, {q: through}, watermark=None, collect=run)
-            self.metrics["static_batches"] += 1
-        self._prepare_static()  # a skipped batch's map stages may have run: a fresh prefix
-
-    def _prepare_static(self, through: int = 2**63 - 1) -> None:
-        """Set the next batch's parameters for the static plan's tasks (static.prepare)."""
-        from headrace.pipeline.job import stage_spec
-        from headrace.pipeline.static import prepare, static_shape
-
-        ops = static_shape(self)
-        t, version = self.time, self.bindings.get(STATE_KEY)
-        after = self.bindings.get(self.queues[0], -1)
-        shards = {s for s, _ in self._outputs()}
-        writer_ids = {s: self.persist.open_writer(s).register() for s in sorted(shards)}
-        specs = [stage_spec(op, emit_rows=i < len(ops) - 1, t=t, persist_root=self.persist.root,
-                            writer_ids=writer_ids, inline_max=self.output_inline_max,
-                            sinks=[s.shard for s in self.sinks if s.node is op])
-                 for i, op in enumerate(ops)]
-        ctx = self._task_context(version, t, True)
-        prepare(self.spark, specs, ctx, after, through)
-        self._static_next = (t, version, after, ctx.run_prefix, writer_ids)
+        process(self, df, batch_id)
 
     def _spark_batch_end(self, batch_id: int, df) -> dict[str, int | None]:
         """The last sequence of each queue in Spark batch ``batch_id``, from Spark's offset log;
@@ -406,12 +357,13 @@ class Pipeline(PipelineBuilder):
             log.warning("not running the interrupted batch early: %s", e)
             return
         from headrace.pipeline.static import build, static_shape
+        from headrace.pipeline.static_batch import commit, prepare_next
 
         ops = static_shape(self) if self.static_plan else None
         if ops is not None:  # the same tasks as the query's batches, over the range
             q = self.queues[0]
-            self._prepare_static(through=max(ends[q], afters[q]))
-            self._static_batch(build(self, ops, entries), ends)
+            prepare_next(self, through=max(ends[q], afters[q]))
+            commit(self, build(self, ops, entries), ends)
         else:
             self._process_range(entries, ends)
 

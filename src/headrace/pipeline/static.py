@@ -28,11 +28,13 @@ one before and passes that stage's control rows on, so they all reach the last s
 and nothing is persisted.
 
 Shape (``static_shape``): one queue; a chain of operators, the first reading one table or two
-different tables (a join), each later one reading only the one before, each but the last read
-by nothing else; sinks behind any of them; no stateless step (it would need its own handling of
-bad entries), reservoir state, no event time, no dead-letter shard, no ``read_stream``. The
-batch a crash interrupted runs the same plan over its queue range before the query starts. Every
-other pipeline, and every recovery replay or history batch, runs the per-batch job.
+different tables (a join), or one table through stateless steps (no watermark or window step:
+behind them the entries check runs in ``checked_task`` and reports through an accumulator,
+since a step may drop any row), each later one reading only the one before, each but the last
+read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
+shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
+before the query starts. Every other pipeline, and every recovery replay or history batch, runs
+the per-batch job. The driver's side is static_batch.py.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ import pickle
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.accumulators import AccumulatorParam
 
 from headrace.pipeline.decode import ENTRY_COLUMNS
 from headrace.pipeline.names import BUCKET, PREFIX, SIDE, W
-from headrace.pipeline.plan import Operator, SourceTable, consumers, spark_ddl
+from headrace.pipeline.plan import Map, Operator, SourceTable, consumers, spark_ddl
 from headrace.pipeline.tasks import (
     CONTROL_SCHEMA,
     KIND,
@@ -69,10 +72,18 @@ def static_shape(p) -> list[Operator] | None:
             or p.state_backend != "reservoir"):
         return None
     ops = [n for n in p.nodes if isinstance(n, Operator)]
-    if not ops or any(not isinstance(n, Operator | SourceTable) for n in p.nodes):
+    if not ops or any(not isinstance(n, Operator | SourceTable | Map) for n in p.nodes):
         return None
     first = ops[0].sources
-    if (not 1 <= len(first) <= 2 or len({id(s) for s in first}) != len(first)
+    maps = steps(ops[0])
+    if maps:
+        if (len(first) != 1 or any(m.declares_watermark or m.event_time or m.window
+                                   for m in maps)
+                or any(consumers(p.nodes, m) != [after] for m, after in
+                       zip(maps, [*maps[1:], ops[0]], strict=True))
+                or len([n for n in p.nodes if isinstance(n, Map)]) != len(maps)):
+            return None
+    elif (not 1 <= len(first) <= 2 or len({id(s) for s in first}) != len(first)
             or not all(isinstance(s, SourceTable) for s in first)):
         return None
     for before, op in zip(ops, ops[1:], strict=False):
@@ -85,6 +96,16 @@ def static_shape(p) -> list[Operator] | None:
     return ops
 
 
+def steps(first: Operator) -> list[Map]:
+    """The stateless steps between the first operator and its table, table first (none when
+    it reads tables directly)."""
+    out, node = [], first.sources[0] if len(first.sources) == 1 else None
+    while isinstance(node, Map):
+        out.insert(0, node)
+        node = node.source
+    return out if isinstance(node, SourceTable) else []
+
+
 def build(p, ops: list[Operator], entries_df):
     """The static plan over a DataFrame of the queue's entries (the query's stream, or a range
     on recovery): a DataFrame of control rows per batch (the tasks wait for
@@ -95,22 +116,77 @@ def build(p, ops: list[Operator], entries_df):
 
     decoder = p._decoder()
     first = ops[0]
-    rows = decoder.tagged(decoder.parse(entries_df), first.sources, SIDE, SEQ, BAD)
-    buckets = [bucket_expr(first.bucket_columns[i], p.buckets) for i in range(len(first.sources))]
-    rows = rows.withColumn(BUCKET, buckets[0] if len(buckets) == 1 else
-                           F.when(F.col(SIDE) == F.lit(1), buckets[1]).otherwise(buckets[0]))
+    maps = steps(first)
+    reads = [maps[0].source] if maps else first.sources
+    rows = decoder.tagged(decoder.parse(entries_df), reads, SIDE, SEQ, BAD)
     # every table the queue's entries may name, to say what is wrong with a bad one
     tables = {n.table: n.schema for n in p.nodes if isinstance(n, SourceTable)}
+    queue = reads[0].queue
+    if maps:  # a step may drop any row: the entries are checked before, counted aside
+        table = reads[0].schema
+        rows = rows.mapInArrow(checked_task(queue, tables, p.max_entry_bytes, table,
+                                            entries_accumulator(p)),
+                               spark_ddl(table) + f", `{W}` long")
+        for m in maps:
+            rows = m.apply(rows)
+        rows = rows.withColumn(BUCKET, bucket_expr(first.bucket_columns[0], p.buckets))
+    else:
+        buckets = [bucket_expr(first.bucket_columns[i], p.buckets)
+                   for i in range(len(first.sources))]
+        rows = rows.withColumn(BUCKET, buckets[0] if len(buckets) == 1 else
+                               F.when(F.col(SIDE) == F.lit(1), buckets[1]).otherwise(buckets[0]))
     for i, op in enumerate(ops):
         if i:
             rows = rows.withColumn(BUCKET, bucket_expr(op.bucket_columns[0], p.buckets))
         if op.state_sides:  # rows of one key meet their state in one task
             rows = rows.repartition(p.partitions, BUCKET)
         out = stage_schema(op.schema) if i < len(ops) - 1 else CONTROL_SCHEMA
-        task = (entries_task(first.sources[0].queue, tables, p.max_entry_bytes, out) if i == 0
-                else chained_task(i, out))
+        if i:
+            task = chained_task(i, out)
+        elif maps:
+            task = stepped_task(out)
+        else:
+            task = entries_task(queue, tables, p.max_entry_bytes, out)
         rows = rows.mapInArrow(task, spark_ddl(out))
     return rows
+
+
+class EntriesParam(AccumulatorParam):
+    """What the entries checks of a batch found, summed over its tasks (steps before the
+    first operator may drop any row, so the count and the bad entries cannot travel with
+    them). A retried map task adds twice: ``rows`` is then a metric only; a bad entry is
+    never missed."""
+
+    def zero(self, value):
+        return {"rows": 0, "bad": 0, "examples": [], "prefixes": set()}
+
+    def addInPlace(self, a, b):
+        from headrace.pipeline.decode import _EXAMPLES
+
+        a["rows"] += b["rows"]
+        a["bad"] += b["bad"]
+        a["examples"] = (a["examples"] + b["examples"])[:_EXAMPLES]
+        a["prefixes"] |= b["prefixes"]
+        return a
+
+
+def entries_accumulator(p):
+    if p._static_entries is None:
+        p._static_entries = p.spark.sparkContext.accumulator(EntriesParam().zero(None),
+                                                             EntriesParam())
+    return p._static_entries
+
+
+def entries_control(acc) -> list[tuple[str, bytes]]:
+    """The control rows of what the batch's entries checks added to ``acc`` (then reset)."""
+    got = acc.value
+    acc.value = EntriesParam().zero(None)
+    control = [("rows", str(got["rows"]).encode())]
+    control += [("batch", x.encode()) for x in sorted(got["prefixes"])]
+    if got["bad"]:
+        control.append(("bad", pickle.dumps({"count": got["bad"],
+                                             "examples": got["examples"]})))
+    return control
 
 
 def prepare(spark, specs: list[StageSpec], ctx: TaskContextSpec, after: int,
@@ -150,7 +226,7 @@ def _batch():
     raw = tc.getLocalProperty(PROPERTY) if tc else None
     if raw is None:
         raise RuntimeError(f"static plan task without its {PROPERTY!r} local property: the "
-                           "batch was run outside Pipeline._static_batch")
+                           "batch was run outside static_batch.commit")
     return tc, pickle.loads(base64.b64decode(raw))
 
 
@@ -191,6 +267,51 @@ def entries_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
                 yield from run_stage_partition(kept.select(names).to_batches(), spec, ctx,
                                                tc.partitionId(), tc.attemptNumber())
         yield control_rows(control, out)
+
+    return fn
+
+
+def checked_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
+                 table: pa.Schema, acc):
+    """Before stateless steps: the batch's entries of this partition in; the rows the table
+    keeps out (its columns + W); the count and the bad entries to ``acc``."""
+
+    def fn(batches):
+        from headrace.pipeline.decode import bad_summary
+
+        _, (_, ctx, after, through) = _batch()
+        rows = _table(batches)
+        found = {"rows": 0, "bad": 0, "examples": [], "prefixes": {ctx.run_prefix}}
+        if rows is not None:
+            seq = rows[SEQ]
+            rows = rows.filter(pc.and_(pc.greater(seq, after), pc.less_equal(seq, through)))
+            found["rows"] = rows.num_rows
+            bad = rows.filter(rows[BAD + "sequence"].is_valid())
+            if bad.num_rows:
+                entries = pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS})
+                summary, _ = bad_summary(entries, {queue: tables}, max_entry_bytes)
+                found.update(bad=summary["count"], examples=summary["examples"])
+            kept = rows.filter(rows[SIDE].is_valid())
+            if kept.num_rows:
+                names = [*table.names, W]
+                yield from kept.select(names).cast(
+                    pa.schema([*table, pa.field(W, pa.int64())])).to_batches()
+        acc.add(found)
+
+    return fn
+
+
+def stepped_task(out: pa.Schema):
+    """The first operator behind stateless steps: their rows in, its stage out."""
+
+    def fn(batches):
+        tc, (specs, ctx, _, _) = _batch()
+        yield control_rows([("batch", ctx.run_prefix.encode())], out)
+        rows = _table(batches)
+        if rows is not None and rows.num_rows:
+            names = [*schema_from_bytes(specs[0].inputs[0]).names, W, BUCKET]
+            yield from run_stage_partition(rows.select(names).to_batches(), specs[0], ctx,
+                                           tc.partitionId(), tc.attemptNumber())
 
     return fn
 

@@ -36,6 +36,7 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
     from headrace.pipeline.runner import PipelineError
     from headrace.pipeline.static import build as build_static
     from headrace.pipeline.static import static_shape
+    from headrace.pipeline.static_batch import prepare_next
 
     start_batches = p.metrics["batches"]
     runs = 0
@@ -45,7 +46,7 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
         ops = static_shape(p) if p.static_plan else None
         if ops is not None:  # planned once for the whole query (static.py)
             stream, process = build_static(p, ops, stream), p._process_static
-            p._prepare_static()  # the query's thread inherits it
+            prepare_next(p)  # the query's thread inherits it
         writer = (stream.writeStream.foreachBatch(process)
                   .option("checkpointLocation", p.checkpoint_dir))
         try:
