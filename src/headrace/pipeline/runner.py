@@ -40,7 +40,6 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from functools import reduce
 
 import pyarrow as pa
 
@@ -55,9 +54,7 @@ from headrace.pipeline.decode import (
     Decoder,
 )
 from headrace.pipeline.eventtime import event_time_bindings, expiring, watermark_of
-from headrace.pipeline.evolve import STATE_BACKENDS, GraphChanged, reconcile
-from headrace.pipeline.history import replay as replay_history
-from headrace.pipeline.history import stored_history
+from headrace.pipeline.evolve import STATE_BACKENDS, reconcile
 from headrace.pipeline.job import RangeGone, range_df, run_stages, warm_workers
 from headrace.pipeline.outputs import OutputCollector
 from headrace.pipeline.plan import Node, Sink, SourceTable
@@ -65,9 +62,8 @@ from headrace.pipeline.progress import (
     GRAPH_KEY,
     STATE_KEY,
     commit_progress,
-    progress_at,
 )
-from headrace.pipeline.sparklog import interrupted_batch, offset_log_ends
+from headrace.pipeline.sparklog import offset_log_ends
 from headrace.pipeline.streams import StreamSet
 from headrace.pipeline.tasks import (
     INLINE_MAX,
@@ -228,56 +224,9 @@ class Pipeline(PipelineBuilder):
         return run_history(self)
 
     def _recover(self) -> int:
-        upper = self.persist.upper(self.progress_shard) or 0
-        self.time = upper
-        self.bindings = progress_at(self.persist, self.progress_shard, upper - 1)
-        try:
-            evo = reconcile(self.bindings if upper else {}, self.nodes, self.sinks,
-                            buckets=self.buckets, backend=self.state_backend,
-                            legacy_fingerprint=self.fingerprint, pipeline=self.name)
-        except GraphChanged as e:
-            raise PipelineError(str(e)) from e
-        self._graph = evo.graph
-        self._evolution = evo
-        if upper and evo.removed:
-            log.warning("pipeline %r: removed since the last run (state and shards left as "
-                        "they are): %s", self.name, ", ".join(evo.removed))
-        if upper and (evo.new_ops or evo.new_sinks):
-            log.info("pipeline %r: new parts start at t=%d: operators %s, sinks %s",
-                     self.name, upper, evo.new_ops, evo.new_sinks)
-        behind, fresh = [], []
-        for shard, schema in self._outputs():
-            su = self.persist.upper(shard) or 0
-            if su == upper:
-                continue
-            if shard in evo.new_sinks and su == 0:
-                fresh.append((shard, schema))
-                continue
-            if su != upper - 1 or shard in evo.new_sinks:
-                raise PipelineError(f"shard {shard!r} is at {su}, progress at {upper}: "
-                                    "written by something else?")
-            behind.append((shard, schema))
-        history = stored_history(self.bindings) if behind else None
-        if history is not None:  # batch t-1 was a history batch
-            log.info("recovering outputs of history batch %d for %s", upper - 1,
-                     [s for s, _ in behind])
-            replay_history(self, upper - 1, history, behind)
-            self.metrics["replayed_batches"] += 1
-        elif behind:
-            t = upper - 1
-            prev = progress_at(self.persist, self.progress_shard, t - 1)
-            log.info("recovering outputs of batch %d for %s", t, [s for s, _ in behind])
-            entries = reduce(lambda a, b: a.unionByName(b), [
-                self._range_df(q, prev.get(q, -1), self.bindings.get(q, -1))
-                for q in self.queues])  # an empty range: a no-data batch
-            result = self._run_stages(entries, prev.get(STATE_KEY), t=t, write_state=False,
-                                      shards={s for s, _ in behind},
-                                      watermark=watermark_of(self.nodes, prev))
-            self._link_outputs(result["outputs"], t, behind)
-            self.metrics["replayed_batches"] += 1
-        for shard, schema in fresh:  # from now: nothing before t; batch t links its output
-            self.persist.open_writer(shard).link_parts([], 0, upper, schema)
-        return self.time
+        from headrace.pipeline.restart import recover_outputs
+
+        return recover_outputs(self)
 
     def _graph_bindings(self) -> dict[str, int]:
         """The graph rows each batch commits (set by recover; a fresh graph before it)."""
@@ -337,35 +286,9 @@ class Pipeline(PipelineBuilder):
         return ends
 
     def _run_interrupted_batch(self) -> None:
-        """Run the batch a crash interrupted — in Spark's offset log, not in its commit log, not
-        in our progress — now, over the queue range the log names (read by executors), instead
-        of after the streaming query's start-up: a restart then does not wait for Spark to
-        plan its sources first (measured: ~8 of a 19 s recovery). Spark re-runs the batch
-        next, with the same offsets, and ``_process_range`` finds it processed."""
-        planned = interrupted_batch(self.checkpoint_dir)
-        if planned is None:
-            return
-        ends = offset_log_ends(self.checkpoint_dir, self.queues, planned)
-        afters = {q: self.bindings.get(q, -1) for q in self.queues}
-        if ends is None or all(ends[q] <= afters[q] for q in self.queues):
-            return
-        log.info("running batch %d (interrupted) from the queue before Spark starts", planned)
-        try:
-            entries = reduce(lambda a, b: a.unionByName(b), [
-                self._range_df(q, afters[q], max(ends[q], afters[q])) for q in self.queues])
-        except PipelineError as e:  # Spark's own re-run will meet the same queue
-            log.warning("not running the interrupted batch early: %s", e)
-            return
-        from headrace.pipeline.static import build, static_shape
-        from headrace.pipeline.static_batch import commit, prepare_next
+        from headrace.pipeline.restart import run_interrupted_batch
 
-        ops = static_shape(self) if self.static_plan else None
-        if ops is not None:  # the same tasks as the query's batches, over the range
-            q = self.queues[0]
-            prepare_next(self, through=max(ends[q], afters[q]))
-            commit(self, build(self, ops, entries), ends)
-        else:
-            self._process_range(entries, ends)
+        run_interrupted_batch(self)
 
     def _process_range(self, df, ends: dict[str, int | None], no_data: bool = False) -> None:
         afters = {q: self.bindings.get(q, -1) for q in self.queues}
