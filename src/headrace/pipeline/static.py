@@ -239,33 +239,40 @@ def _table(batches) -> pa.Table | None:
     return pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
 
 
+def _check_entries(batches, after: int, through: int, queue: str,
+                   tables: dict[str, pa.Schema], max_entry_bytes: int):
+    """(the rows the first operator's tables keep, entries counted, bad summary or None) of a
+    partition's entries in the batch's range (after, through]."""
+    from headrace.pipeline.decode import bad_summary
+
+    rows = _table(batches)
+    if rows is None:
+        return None, 0, None
+    seq = rows[SEQ]
+    rows = rows.filter(pc.and_(pc.greater(seq, after), pc.less_equal(seq, through)))
+    summary = None
+    bad = rows.filter(rows[BAD + "sequence"].is_valid())
+    if bad.num_rows:
+        summary, _ = bad_summary(pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS}),
+                                 {queue: tables}, max_entry_bytes)
+    return rows.filter(rows[SIDE].is_valid()), rows.num_rows, summary
+
+
 def entries_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
                  out: pa.Schema):
     """The first operator's task: the batch's entries of this partition in, its stage out."""
 
     def fn(batches):
-        from headrace.pipeline.decode import bad_summary
-
         tc, (specs, ctx, after, through) = _batch()
-        spec = specs[0]
-        rows = _table(batches)
-        if rows is not None:
-            seq = rows[SEQ]
-            rows = rows.filter(pc.and_(pc.greater(seq, after), pc.less_equal(seq, through)))
-        n = 0 if rows is None else rows.num_rows
+        kept, n, summary = _check_entries(batches, after, through, queue, tables,
+                                          max_entry_bytes)
         control = [("rows", str(n).encode()), ("batch", ctx.run_prefix.encode())]
-        if n:
-            bad = rows.filter(rows[BAD + "sequence"].is_valid())
-            if bad.num_rows:
-                entries = pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS})
-                summary, _ = bad_summary(entries, {queue: tables}, max_entry_bytes)
-                control.append(("bad", pickle.dumps(summary)))
-            kept = rows.filter(rows[SIDE].is_valid())
-            if kept.num_rows:
-                names = [c for c in kept.column_names
-                         if c != SEQ and not c.startswith(BAD)]
-                yield from run_stage_partition(kept.select(names).to_batches(), spec, ctx,
-                                               tc.partitionId(), tc.attemptNumber())
+        if summary is not None:
+            control.append(("bad", pickle.dumps(summary)))
+        if kept is not None and kept.num_rows:
+            names = [c for c in kept.column_names if c != SEQ and not c.startswith(BAD)]
+            yield from run_stage_partition(kept.select(names).to_batches(), specs[0], ctx,
+                                           tc.partitionId(), tc.attemptNumber())
         yield control_rows(control, out)
 
     return fn
@@ -277,26 +284,15 @@ def checked_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
     keeps out (its columns + W); the count and the bad entries to ``acc``."""
 
     def fn(batches):
-        from headrace.pipeline.decode import bad_summary
-
         _, (_, ctx, after, through) = _batch()
-        rows = _table(batches)
-        found = {"rows": 0, "bad": 0, "examples": [], "prefixes": {ctx.run_prefix}}
-        if rows is not None:
-            seq = rows[SEQ]
-            rows = rows.filter(pc.and_(pc.greater(seq, after), pc.less_equal(seq, through)))
-            found["rows"] = rows.num_rows
-            bad = rows.filter(rows[BAD + "sequence"].is_valid())
-            if bad.num_rows:
-                entries = pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS})
-                summary, _ = bad_summary(entries, {queue: tables}, max_entry_bytes)
-                found.update(bad=summary["count"], examples=summary["examples"])
-            kept = rows.filter(rows[SIDE].is_valid())
-            if kept.num_rows:
-                names = [*table.names, W]
-                yield from kept.select(names).cast(
-                    pa.schema([*table, pa.field(W, pa.int64())])).to_batches()
-        acc.add(found)
+        kept, n, summary = _check_entries(batches, after, through, queue, tables,
+                                          max_entry_bytes)
+        if kept is not None and kept.num_rows:
+            yield from kept.select([*table.names, W]).cast(
+                pa.schema([*table, pa.field(W, pa.int64())])).to_batches()
+        acc.add({"rows": n, "bad": summary["count"] if summary else 0,
+                 "examples": summary["examples"] if summary else [],
+                 "prefixes": {ctx.run_prefix}})
 
     return fn
 
