@@ -27,6 +27,7 @@ from headrace.pipeline.plan import SourceTable, spark_ddl
 
 TABLE = f"{PREFIX}table"
 CORRUPT = f"{PREFIX}corrupt"
+UNION = f"{PREFIX}union"
 MAX_ENTRY_BYTES = 1 << 20
 DEAD_LETTER_SCHEMA = pa.schema([("queue", pa.string()), ("sequence", pa.int64()),
                                 ("index", pa.int32()), ("table", pa.string()),
@@ -50,17 +51,36 @@ class Decoder:
 
         self.sources = list(sources)
         text = F.col("entry").cast("string")
-        tag = F.get_json_object(text, "$.table")
         fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
+        union = _union_ddl(self.sources)
+        # one parse per entry: every table's columns, the envelope and the corrupt marker in one
+        # struct (UNION, computed in a projection of its own so Spark evaluates it once); an
+        # entry that parse refuses — a value of the wrong type in *any* table's column, or no
+        # JSON object — is parsed again as the one table it names, exactly as before
+        u = F.col(f"`{UNION}`")
+        ok = u.isNotNull() & u[CORRUPT].isNull()
+        tag = F.get_json_object(text, "$.table")  # evaluated only where ``ok`` is false
+        self._union = (F.when(fits, F.from_json(text, union, {
+            "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias(UNION)
+            if union else None)
         self._parsed = [F.col(c) for c in ENTRY_COLUMNS]
         self._split = []
         self._raw = []  # per source: (its struct column, keep, weight) — for ``tagged``
         for i, node in enumerate(self.sources):
             ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
-            mine = fits & (F.col("queue") == F.lit(node.queue)) & (tag == F.lit(node.table))
+            named = tag == F.lit(node.table)
+            if union:
+                named = F.when(ok, u["table"] == F.lit(node.table)).otherwise(named)
+            mine = fits & (F.col("queue") == F.lit(node.queue)) & named
+            own = F.from_json(text, ddl, {"mode": "PERMISSIVE",
+                                          "columnNameOfCorruptRecord": CORRUPT})
+            if union:
+                own = F.when(ok, F.struct(*[u[c].alias(c) for c in node.schema.names],
+                                          u["table"].alias("table"), u["w"].alias("w"),
+                                          F.lit(None).cast("string").alias(CORRUPT))
+                             ).otherwise(own)
             r = f"{PREFIX}r{i}"
-            self._parsed.append(F.when(mine, F.from_json(text, ddl, {
-                "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias(r))
+            self._parsed.append(F.when(mine, own).alias(r))
             # a NULL column is either an explicit null (fine) or a missing field (bad): only
             # then are the entry's keys listed (a second parse), so complete rows pay one parse
             cols = [F.col(f"`{r}`.`{c}`") for c in node.schema.names]
@@ -83,6 +103,8 @@ class Decoder:
 
     def parse(self, entries_df):
         """The entries with each one's table struct: persist this, then ``split`` it."""
+        if self._union is not None:
+            entries_df = entries_df.select(*ENTRY_COLUMNS, self._union)
         return entries_df.select(*self._parsed)
 
     def tagged(self, parsed_df, reads: list[SourceTable], side: str, sequence: str, bad: str):
@@ -115,6 +137,22 @@ class Decoder:
         frames = {node.name: parsed_df.filter(keep).select(*cols)
                   for node, (keep, cols) in zip(self.sources, self._split, strict=True)}
         return frames, parsed_df.select(*self._checked)
+
+
+def _union_ddl(sources: list[SourceTable]) -> str | None:
+    """The DDL of one struct that holds every table's columns and the envelope — when the
+    tables agree on the type of every name they share (and no two names differ only in case,
+    which Spark's parser could not tell apart); else None: each table is parsed on its own."""
+    types: dict[str, pa.DataType] = {}
+    for node in sources:
+        for f in node.schema:
+            if types.setdefault(f.name, f.type) != f.type:
+                return None
+    names = [*types, "table", "w", CORRUPT]
+    if len({n.lower() for n in names}) != len(names):
+        return None
+    return (spark_ddl(pa.schema([pa.field(n, t) for n, t in types.items()]))
+            + f", `table` string, `w` long, `{CORRUPT}` string")
 
 
 def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:

@@ -3,7 +3,8 @@
 ``Pipeline.run`` recovers, then hands over here: each run is a Structured Streaming query over
 every queue (``headrace.queue`` sources, unioned and tagged with their queue) whose
 ``foreachBatch`` is the pipeline's micro-batch (runner.py). ``until_idle``: availableNow runs
-until one finds nothing new; else one processingTime query until stopped or timed out, the
+until no queue holds an entry past the ones consumed (read from the queues' manifests, not
+learnt from one more query that finds nothing); else one processingTime query until stopped or timed out, the
 ``read_stream`` side queries beside it. Spark's own account of each batch is kept in
 ``Pipeline.spark_progress``: its ``triggerExecution`` covers the whole trigger (offsets,
 planning, the batch, Spark's commit log and the source's ack) — the figure to compare with
@@ -79,7 +80,20 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
             break
         if max_runs is not None and runs >= max_runs:
             break
+        if not queues_hold_more(p):  # the next availableNow run would find nothing (~1 s)
+            break
     return int(p.metrics["batches"] - start_batches)
+
+
+def queues_hold_more(p) -> bool:
+    """Whether any queue holds an entry past what the pipeline consumed: one manifest GET
+    per queue, instead of a streaming query's start, planning and stop to learn it."""
+    from headrace.buffer import list_entries
+
+    for q in p.queues:
+        if list_entries(p.store, f"{q}/manifest", p.bindings.get(q, -1), max_batches=1):
+            return True
+    return False
 
 
 def input_stream(p):
