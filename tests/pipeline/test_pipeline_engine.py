@@ -191,3 +191,42 @@ def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path,
     p2.run(until_idle=True, max_runs=1)
     assert times == [1, 2]  # batch 1 ran from the queue before Spark started
     assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
+
+
+def test_run_until_idle_starts_no_query_only_to_find_the_queue_empty(spark, tmp_path):
+    """An availableNow query costs about a second to start, plan and stop: ``run`` reads the
+    queue's manifest instead of starting one more query that would find nothing."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Starts(StreamingQueryListener):
+        def __init__(self):
+            self.started = 0
+
+        def onQueryStarted(self, event):  # called before start() returns (Spark's contract)
+            self.started += 1
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    produce(root, [json.dumps(g).encode() for g in GOOD])
+    starts = Starts()
+    spark.streams.addListener(starts)
+    try:
+        p = _bad_pipeline(spark, root, ckpt, "fail")
+        assert p.run(until_idle=True) == 1
+        assert starts.started == 1  # the one that processed the entries, not a second
+        assert p.run(until_idle=True) == 0
+        assert starts.started == 1  # nothing new: no query at all
+        produce(root, [json.dumps({"table": "t", "k": 9, "v": 0.5, "s": "c"}).encode()])
+        assert p.run(until_idle=True) == 1
+        assert starts.started == 2
+    finally:
+        spark.streams.removeListener(starts)
+    assert p.read_shard("out").sort_by("k")["k"].to_pylist() == [1, 2, 9]

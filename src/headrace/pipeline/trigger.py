@@ -41,6 +41,8 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
 
     start_batches = p.metrics["batches"]
     runs = 0
+    if until_idle and not queues_hold_more(p):
+        return 0  # nothing past what was consumed: no query to start, plan and stop
     while True:
         before = p.metrics["batches"]
         stream, process = input_stream(p), p._process
