@@ -24,7 +24,7 @@ Per query (``headrace.nexmark.queries``; the ones not expressible are in NOT_EXP
     no ``qN_events_per_s_spark``, and the reason is printed. Spark gets its best
     configuration: the query runs again at each ``--spark-partitions`` count (2, 4, 8; fresh
     checkpoints) and the fastest wall time is ``qN_events_per_s_spark`` (``qN_spark_best_p``;
-    the first run at ``--partitions`` is ``qN_events_per_s_spark_p4_first_run``).
+    the first run at ``--partitions`` is ``qN_events_per_s_spark_p{N}_first_run``).
 (C) the oracle: the same SQL as Spark *batch* over all the Parquet files; headrace's final
     shard must equal it as a multiset of rows (``qN_equal_to_spark_batch``,
     ``headrace.nexmark.compare``). ``queries_equal_to_spark_batch`` counts the equal queries of
@@ -81,7 +81,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--queries", default="core",
                    help="comma-separated (e.g. q0,q5), 'core' (q0-q8) or 'all' (q14-q22 too)")
     p.add_argument("--events", type=int, default=None, help="override the mode's event count")
-    p.add_argument("--partitions", type=int, default=4, help="Spark shuffle partitions (both)")
+    p.add_argument("--partitions", type=int, default=2,
+                   help="headrace tasks per stage (its default: one per core of local[2]) and "
+                        "the shuffle partitions of Spark's first run")
     p.add_argument("--spark-partitions", default="2,4,8",
                    help="shuffle partitions tried for Spark streaming; the fastest is reported")
     p.add_argument("--no-spark-streaming", action="store_true",
