@@ -10,9 +10,9 @@ sum, P shuffle partitions.
     and after each batch, as the baseline lists Spark's checkpoint folder) — task uploads included.
 (B) plain Spark Structured Streaming, RocksDBStateStoreProvider, changelog checkpointing on
     (spark_baseline.run_spark_rocksdb), at P=200 shuffle partitions (Spark's default) *and* at
-    its best P for this machine (full: the fastest of 2, 4, 8, 16; quick: of 2, 4, 8): every Spark figure
-    and ratio is reported for both (``*_p200``, ``*_best_p``). Changelog off is run at the best P
-    for its state PUT count. headrace runs 2 tasks per stage (its default: one per core).
+    its best P for this machine (full: the fastest of 2, 4, 8, 16; quick: of 2, 4, 8): every
+    Spark figure and ratio is reported for both (``*_p200``, ``*_best_p``). Changelog off is run
+    at the best P for its state PUT count. headrace runs 2 tasks per stage (its default: one per core).
 
 Recovery: headrace is made to fail permanently at its state checkpoint in the middle of one more
 micro-batch (FaultyStore, the batch's work is lost like under kill -9), then a fresh Pipeline on
@@ -144,7 +144,7 @@ def main() -> None:
              else dict(n_batches=5, rows_per_batch=100_000, n_keys=1_000_000,
                        first_rows=1_000_000))
     # Spark at P=200 (its default) and at its best P for this machine (full: the fastest of
-    # 2, 4, 8, 16; quick: 8); headrace runs HEADRACE_PARTITIONS tasks per stage
+    # 2, 4, 8, 16; quick: 2, 4, 8); headrace runs HEADRACE_PARTITIONS tasks per stage
     ps = [2, 4, 8] if args.quick else [2, 4, 8, 16]
     spark = local_spark("headrace-bench", master="local[2]", shuffle_partitions=8,
                         extra={"spark.sql.adaptive.enabled": "false",

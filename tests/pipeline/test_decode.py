@@ -21,7 +21,8 @@ def _decode(spark, sources, entries):
     df = spark.createDataFrame([("q", 7, i, e if isinstance(e, bytes) else json.dumps(e).encode())
                                 for i, e in enumerate(entries)],
                                "queue string, sequence long, index int, entry binary")
-    frames, checked = Decoder(sources).split(Decoder(sources).parse(df))
+    decoder = Decoder(sources)
+    frames, checked = decoder.split(decoder.parse(df))
     rows = {n: sorted(tuple(r) for r in f.collect()) for n, f in frames.items()}
     bad = sorted(r["index"] for r in checked.collect() if r["index"] is not None)
     return rows, bad

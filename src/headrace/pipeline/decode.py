@@ -69,16 +69,15 @@ class Decoder:
         for i, node in enumerate(self.sources):
             ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
             named = tag == F.lit(node.table)
-            if union:
-                named = F.when(ok, u["table"] == F.lit(node.table)).otherwise(named)
-            mine = fits & (F.col("queue") == F.lit(node.queue)) & named
             own = F.from_json(text, ddl, {"mode": "PERMISSIVE",
                                           "columnNameOfCorruptRecord": CORRUPT})
-            if union:
+            if union:  # the table's columns out of the one parse; its own parse where refused
+                named = F.when(ok, u["table"] == F.lit(node.table)).otherwise(named)
                 own = F.when(ok, F.struct(*[u[c].alias(c) for c in node.schema.names],
                                           u["table"].alias("table"), u["w"].alias("w"),
                                           F.lit(None).cast("string").alias(CORRUPT))
                              ).otherwise(own)
+            mine = fits & (F.col("queue") == F.lit(node.queue)) & named
             r = f"{PREFIX}r{i}"
             self._parsed.append(F.when(mine, own).alias(r))
             # a NULL column is either an explicit null (fine) or a missing field (bad): only

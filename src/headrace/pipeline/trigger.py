@@ -4,8 +4,8 @@
 every queue (``headrace.queue`` sources, unioned and tagged with their queue) whose
 ``foreachBatch`` is the pipeline's micro-batch (runner.py). ``until_idle``: availableNow runs
 until no queue holds an entry past the ones consumed (read from the queues' manifests, not
-learnt from one more query that finds nothing); else one processingTime query until stopped or timed out, the
-``read_stream`` side queries beside it. Spark's own account of each batch is kept in
+learnt from one more query that finds nothing); else one processingTime query until stopped or
+timed out, the ``read_stream`` side queries beside it. Spark's own account of each batch is kept in
 ``Pipeline.spark_progress``: its ``triggerExecution`` covers the whole trigger (offsets,
 planning, the batch, Spark's commit log and the source's ack) — the figure to compare with
 another Spark query's — while ``last_batch["seconds"]`` covers the batch function only.
@@ -41,9 +41,9 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
 
     start_batches = p.metrics["batches"]
     runs = 0
-    if until_idle and not queues_hold_more(p):
-        return 0  # nothing past what was consumed: no query to start, plan and stop
     while True:
+        if until_idle and not queues_hold_more(p):
+            break  # the next availableNow query would find nothing: don't start it (~1 s)
         before = p.metrics["batches"]
         stream, process = input_stream(p), p._process
         ops = static_shape(p) if p.static_plan else None
@@ -81,8 +81,6 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
         if not until_idle or p.metrics["batches"] == before:
             break
         if max_runs is not None and runs >= max_runs:
-            break
-        if not queues_hold_more(p):  # the next availableNow run would find nothing (~1 s)
             break
     return int(p.metrics["batches"] - start_batches)
 
