@@ -2,8 +2,10 @@
 
 Workload (spark_baseline.write_input): a group-by over ``key`` (count, sum(amount)). Per state
 size n: the first micro-batch(es) touch every one of n keys, then fixed 100k-row deltas of
-uniformly random keys (quick: 20k-row deltas, see SIZES). headrace reads them from its ingest
-queue (one queue batch per micro-batch, JSON entries); Spark reads the same rows from Parquet
+uniformly random keys (quick mode too; ``HEADRACE_BENCH_DELTA`` sets another size; sessions
+9-11 ran quick mode at 20k). headrace reads them from its ingest queue (one queue batch per
+micro-batch; columnar entries — Arrow record batches, pipeline/columnar.py — or, with
+``HEADRACE_BENCH_ENTRIES=json``, one JSON entry per row); Spark reads the same rows from Parquet
 files (one file per micro-batch) with RocksDBStateStoreProvider, changelog checkpointing on, at
 P=200 and at its best P (full: the fastest of 2, 4, 8, 16; quick: of 2, 4, 8 — the issue
 asked for P=8 in quick mode, but P=2 is Spark's fastest on this 2-core machine: 0.31-0.33 s per
@@ -64,7 +66,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import parse_args, report, scratch_dir  # noqa: E402
-from pipeline_vs_spark import add_trigger_seconds, build, json_entries  # noqa: E402
+from pipeline_vs_spark import ENTRIES, add_trigger_seconds, build, queue_entries  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb  # noqa: E402
 
 HERE = Path(__file__).resolve()
@@ -95,7 +97,7 @@ def _produce_files(root: str, files: list[Path]) -> None:
     from headrace.spark.demo import produce
 
     for f in files:
-        produce(root, json_entries(f), chunk=1 << 30)
+        produce(root, queue_entries(f), chunk=1 << 30)
 
 
 def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
@@ -475,13 +477,13 @@ def main() -> None:
         return
     args = parse_args(__doc__.splitlines()[0])
     sizes = [250_000, 1_000_000] if args.quick else [1_000_000, 4_000_000, 16_000_000]
-    delta = 20_000 if args.quick else 100_000
+    delta = int(os.environ.get("HEADRACE_BENCH_DELTA", "100000"))  # the issue's, quick too
     ps = [2, 4, 8] if args.quick else [2, 4, 8, 16]
     spark = _spark(8)
     # headrace tasks per stage: the Pipeline's default, one per core (measured best here: 2
     # tasks 0.34-0.39 s per trigger at 1M keys, 4 tasks 0.46-0.63 s)
     hp = int(os.environ.get("HEADRACE_BENCH_PARTITIONS", spark.sparkContext.defaultParallelism))
-    figures: dict = {"delta_rows": delta, "headrace_partitions": hp}
+    figures: dict = {"delta_rows": delta, "headrace_partitions": hp, "entries": ENTRIES}
     with scratch_dir("pipeline_scaling") as work:
         warm = _inputs(work, 20_000, 5_000, "warm")
         run_headrace(spark, input_files(warm), work / "warm-h", hp)

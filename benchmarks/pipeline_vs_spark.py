@@ -4,8 +4,8 @@ Workload (spark_baseline.write_input): one Parquet file of rows (key, amount) pe
 first batch touches every key, so state holds ~n_keys keys. Query: group by key, running count and
 sum, P shuffle partitions.
 
-(A) headrace: each file's rows are produced into the ingest queue as one queue batch (JSON
-    entries); a Pipeline (aggregate, reservoir state, output shard) processes one queue batch per
+(A) headrace: each file's rows are produced into the ingest queue as one queue batch (columnar
+    entries, Arrow record batches; ``HEADRACE_BENCH_ENTRIES=json``: one JSON entry per row); a Pipeline (aggregate, reservoir state, output shard) processes one queue batch per
     micro-batch. State PUTs per batch = new objects under the state stream's prefix (listed before
     and after each batch, as the baseline lists Spark's checkpoint folder) — task uploads included.
 (B) plain Spark Structured Streaming, RocksDBStateStoreProvider, changelog checkpointing on
@@ -23,6 +23,7 @@ first completed batch, excluding SparkSession start-up in both cases.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -42,6 +43,22 @@ from headrace.spark.demo import produce  # noqa: E402
 from headrace.store import FaultyStore, open_store  # noqa: E402
 
 HEADRACE_PARTITIONS = 2  # headrace's Spark tasks per stage: its default, the cores of local[2]
+
+
+ENTRIES = os.environ.get("HEADRACE_BENCH_ENTRIES", "columnar")  # or "json"
+
+
+def queue_entries(path: Path) -> list[bytes]:
+    """The file's rows as queue entries: columnar (pipeline/columnar.py: Arrow record batches of
+    ~4 MiB, no parse on the read side, as Spark's Parquet scan) unless
+    ``HEADRACE_BENCH_ENTRIES=json`` (one JSON entry per row)."""
+    if ENTRIES == "json":
+        return json_entries(path)
+    from headrace.pipeline import columnar
+
+    t = pq.read_table(path)
+    return columnar.encode("events", t, pa.schema([("key", pa.int64()),
+                                                    ("amount", pa.int64())]))
 
 
 def json_entries(path: Path) -> list[bytes]:
@@ -83,7 +100,7 @@ def add_trigger_seconds(p, per_batch: list[dict]) -> None:
 def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
     root = str(work / "store")
     for f in files[:-1]:
-        produce(root, json_entries(f), chunk=1 << 30)
+        produce(root, queue_entries(f), chunk=1 << 30)
     p = build(spark, root, partitions, str(work / "ckpt"))
     rows = [pq.read_metadata(f).num_rows for f in files[:-1]]
     per_batch = []
@@ -103,7 +120,7 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
     p.run(until_idle=True)
     add_trigger_seconds(p, per_batch)
     # recovery: one more batch, failing permanently at its state checkpoint, then a fresh Pipeline
-    produce(root, json_entries(files[-1]), chunk=1 << 30)
+    produce(root, queue_entries(files[-1]), chunk=1 << 30)
     faulty = FaultyStore(open_store(root))
     faulty.set_faults(fail_calls=[1], verbs={"put"}, retryable=False,
                       keys=lambda k: k.startswith("bench.state/"))

@@ -1,7 +1,9 @@
 """Queue entries -> typed rows per table, with every bad entry caught, never coerced.
 
 An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w`` defaults
-to 1). It is *bad* when it is larger than ``max_entry_bytes``, not a JSON object, names no known
+to 1), or a columnar entry (columnar.py: an Arrow record batch of one table's rows) that the
+queue source has already turned into typed rows — their table's struct column ``{PREFIX}c{i}``
+is set and ``entry`` is NULL, and no parse runs. A JSON entry is *bad* when it is larger than ``max_entry_bytes``, not a JSON object, names no known
 table, lacks one of its table's columns, holds a value of the wrong type (Spark's JSON parser
 flags it: the value is never turned into NULL silently), or has a weight that is 0 or not an
 integer. Good rows flow to the operators. Every entry also passes :func:`entries_task`, as a row
@@ -22,6 +24,7 @@ from functools import reduce
 import numpy as np
 import pyarrow as pa
 
+from headrace.pipeline import columnar
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.plan import SourceTable, spark_ddl
 
@@ -34,6 +37,7 @@ DEAD_LETTER_SCHEMA = pa.schema([("queue", pa.string()), ("sequence", pa.int64())
                                 ("field", pa.string()), ("reason", pa.string()),
                                 ("entry", pa.binary())])
 ENTRY_COLUMNS = ("queue", "sequence", "index", "entry")  # a micro-batch's input rows
+ENTRY_DDL = "queue string, sequence long, index int, entry binary"
 _EXAMPLES = 5  # bad entries described in full per task (fail mode)
 
 
@@ -50,6 +54,10 @@ class Decoder:
         from pyspark.sql import functions as F
 
         self.sources = list(sources)
+        # per source table i, the struct column its columnar entries arrive in
+        self.columns = columnar.struct_columns(
+            [(f"{PREFIX}c{i}", n.table, n.schema) for i, n in enumerate(self.sources)])
+        self.entry_columns = [*ENTRY_COLUMNS, *self.columns.names]
         text = F.col("entry").cast("string")
         fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
         union = _union_ddl(self.sources)
@@ -64,6 +72,7 @@ class Decoder:
             "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias(UNION)
             if union else None)
         self._parsed = [F.col(c) for c in ENTRY_COLUMNS]
+        plain = F.col("entry").isNotNull()  # a JSON entry (or one that did not decode)
         self._split = []
         self._raw = []  # per source: (its struct column, keep, weight) — for ``tagged``
         for i, node in enumerate(self.sources):
@@ -79,13 +88,17 @@ class Decoder:
                              ).otherwise(own)
             mine = fits & (F.col("queue") == F.lit(node.queue)) & named
             r = f"{PREFIX}r{i}"
-            self._parsed.append(F.when(mine, own).alias(r))
+            c = F.col(f"`{self.columns.names[i]}`")  # the rows of a columnar entry: no parse
+            decoded = F.struct(*[c[n].alias(n) for n in node.schema.names],
+                               F.lit(node.table).alias("table"), c[W].alias("w"),
+                               F.lit(None).cast("string").alias(CORRUPT))
+            self._parsed.append(F.when(c.isNotNull(), decoded).when(mine, own).alias(r))
             # a NULL column is either an explicit null (fine) or a missing field (bad): only
             # then are the entry's keys listed (a second parse), so complete rows pay one parse
             cols = [F.col(f"`{r}`.`{c}`") for c in node.schema.names]
             complete = reduce(lambda a, b: a & b, [c.isNotNull() for c in cols])
             keys = F.json_object_keys(text)
-            present = F.when(complete, F.lit(True)).otherwise(reduce(
+            present = F.when(complete | ~plain, F.lit(True)).otherwise(reduce(
                 lambda a, b: a & b, [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
             weight = F.coalesce(F.col(f"`{r}`.w"), F.lit(1))
             keep = F.coalesce(F.col(f"`{r}`").isNotNull() & F.col(f"`{r}`.`{CORRUPT}`").isNull()
@@ -100,10 +113,28 @@ class Decoder:
         # what entries_task sees of each entry: its columns if it is bad, else nulls
         self._checked = [F.when(self._bad, F.col(c)).alias(c) for c in ENTRY_COLUMNS]
 
+    def entries_ddl(self) -> str:
+        """The DDL of an entries DataFrame: ENTRY_COLUMNS then the struct columns."""
+        return ENTRY_DDL + (", " + columnar.columns_ddl(self.columns) if len(self.columns)
+                            else "")
+
+    def queue_columns(self, queue: str) -> pa.Schema:
+        """The struct columns of the tables read from ``queue`` (the queue source's option)."""
+        return pa.schema([f for f, n in zip(self.columns, self.sources, strict=True)
+                          if n.queue == queue])
+
     def parse(self, entries_df):
-        """The entries with each one's table struct: persist this, then ``split`` it."""
+        """The entries with each one's table struct: persist this, then ``split`` it. Struct
+        columns ``entries_df`` lacks (entries given as JSON only) are NULL."""
+        from pyspark.sql import functions as F
+
+        have = set(entries_df.columns)
+        missing = {f.name: F.lit(None).cast(columnar.struct_ddl(f)) for f in self.columns
+                   if f.name not in have}
+        if missing:
+            entries_df = entries_df.withColumns(missing)
         if self._union is not None:
-            entries_df = entries_df.select(*ENTRY_COLUMNS, self._union)
+            entries_df = entries_df.select(*self.entry_columns, self._union)
         return entries_df.select(*self._parsed)
 
     def tagged(self, parsed_df, reads: list[SourceTable], side: str, sequence: str, bad: str):
@@ -138,6 +169,18 @@ class Decoder:
         return frames, parsed_df.select(*self._checked)
 
 
+def widen(piece: pa.RecordBatch, columns: pa.Schema) -> pa.RecordBatch:
+    """Entries with ENTRY_COLUMNS and the struct columns of their own queue's tables ->
+    ENTRY_COLUMNS then every struct column of ``columns`` (the other tables' NULL)."""
+    n = piece.num_rows
+    names = piece.schema.names
+    return pa.RecordBatch.from_arrays(
+        [piece.column(c) for c in ENTRY_COLUMNS]
+        + [piece.column(f.name) if f.name in names else pa.nulls(n, f.type) for f in columns],
+        schema=pa.schema([*[piece.schema.field(c) for c in ENTRY_COLUMNS],
+                          *[pa.field(f.name, f.type) for f in columns]]))
+
+
 def _union_ddl(sources: list[SourceTable]) -> str | None:
     """The DDL of one struct that holds every table's columns and the envelope — when the
     tables agree on the type of every name they share (and no two names differ only in case,
@@ -156,6 +199,12 @@ def _union_ddl(sources: list[SourceTable]) -> str | None:
 
 def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:
     """(table, field, reason) of one bad entry: why the decoder refused it."""
+    if entry[: len(columnar.MAGIC)] == columnar.MAGIC:
+        try:
+            table, _ = columnar.decode(entry, tables)
+        except columnar.ColumnarEntryError as e:
+            return e.table, e.field, e.reason
+        return table, None, "columnar entry refused"
     if len(entry) > max_entry_bytes:
         return None, None, f"entry of {len(entry)} bytes is larger than {max_entry_bytes}"
     try:

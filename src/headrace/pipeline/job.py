@@ -12,7 +12,7 @@ from functools import reduce
 import pyarrow as pa
 
 from headrace.pipeline import eventtime
-from headrace.pipeline.decode import ENTRY_COLUMNS, Decoder, entries_task
+from headrace.pipeline.decode import ENTRY_DDL, Decoder, entries_task
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
 from headrace.pipeline.tasks import (
@@ -201,14 +201,17 @@ def task_fn(spec: StageSpec, ctx: TaskContextSpec):
 
 
 def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int,
-             splits: int = 1):
-    """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS read by executors (the
-    driver lists the manifest only)."""
+             splits: int = 1, decoder: Decoder | None = None):
+    """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS (then ``decoder``'s
+    struct columns: columnar entries arrive as their rows) read by executors (the driver lists
+    the manifest only)."""
     from headrace.buffer import list_entries
+    from headrace.pipeline.columnar import columns_option
 
     manifest = f"{queue}/manifest"
+    ddl = decoder.entries_ddl() if decoder is not None else ENTRY_DDL
     if through <= after:
-        return spark.createDataFrame([], ENTRY_DDL)
+        return spark.createDataFrame([], ddl)
     entries = [e for e in list_entries(store, manifest, after) if e.sequence <= through]
     if not entries or entries[-1].sequence != through:
         raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
@@ -220,21 +223,20 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
     todo = [(e.sequence, e.location, [(m.start_index, m.ingestion_time_ms, m.payload)
                                       for m in e.metadata]) for e in entries]
     k = max(1, splits)
+    mine = decoder.queue_columns(queue) if decoder is not None else pa.schema([])
+    option = columns_option(mine) if len(mine) else None
+    structs = decoder.columns if decoder is not None else pa.schema([])
 
     def read(batches):
+        from headrace.pipeline.decode import widen
         from headrace.spark.queue_source import read_batches
 
         for b in batches:
             for i in b.column(0).to_pylist():
                 for rb in read_batches(url, manifest, manifest.rpartition("/")[0],
-                                       [todo[i // k]], (i % k, k)):
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.repeat(pa.scalar(queue, pa.string()), rb.num_rows),
-                         rb.column("sequence"), rb.column("index"), rb.column("entry")],
-                        names=list(ENTRY_COLUMNS))
+                                       [todo[i // k]], (i % k, k), option):
+                    yield widen(rb.append_column("queue", pa.repeat(
+                        pa.scalar(queue, pa.string()), rb.num_rows)), structs)
 
     n = len(todo) * k
-    return spark.range(0, n, 1, min(n, max(partitions, k))).mapInArrow(read, ENTRY_DDL)
-
-
-ENTRY_DDL = "queue string, sequence long, index int, entry binary"
+    return spark.range(0, n, 1, min(n, max(partitions, k))).mapInArrow(read, ddl)

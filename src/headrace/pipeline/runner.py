@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from headrace.errors import HeadraceError, InvalidInput
 from headrace.persist import PersistClient
+from headrace.pipeline import columnar
 from headrace.pipeline.builder import PipelineBuilder
 from headrace.pipeline.control import absorb
 from headrace.pipeline.decode import (
@@ -52,6 +53,7 @@ from headrace.pipeline.decode import (
     ENTRY_COLUMNS,
     MAX_ENTRY_BYTES,
     Decoder,
+    widen,
 )
 from headrace.pipeline.eventtime import event_time_bindings, expiring, watermark_of
 from headrace.pipeline.evolve import STATE_BACKENDS, reconcile
@@ -242,7 +244,7 @@ class Pipeline(PipelineBuilder):
     def _range_df(self, queue: str, after: int, through: int):
         try:
             return range_df(self.spark, self.store, self.root, queue, after, through,
-                            self.partitions, self._splits_per_batch())
+                            self.partitions, self._splits_per_batch(), self._decoder())
         except RangeGone as e:
             raise PipelineError(str(e)) from e
 
@@ -263,8 +265,17 @@ class Pipeline(PipelineBuilder):
         for q in self.queues:
             seqs = entries.filter(pa.compute.equal(entries["queue"], q))["sequence"]
             ends[q] = pa.compute.max(seqs).as_py() if len(seqs) else None
-        self._process_range(self.spark.createDataFrame(entries.select(list(ENTRY_COLUMNS))),
-                            ends)
+        decoder = self._decoder()
+        pieces = []  # columnar entries become their rows, as the queue source makes them
+        for q in self.queues:
+            mine = decoder.queue_columns(q)
+            for rb in entries.filter(pa.compute.equal(entries["queue"], q)).select(
+                    list(ENTRY_COLUMNS)).to_batches():
+                pieces += [widen(b, decoder.columns)
+                           for b in (columnar.explode(rb, mine) if len(mine) else [rb])]
+        rows = pa.Table.from_batches(pieces) if pieces else None
+        self._process_range(self.spark.createDataFrame(rows) if rows is not None else
+                            self.spark.createDataFrame([], decoder.entries_ddl()), ends)
 
     def _process(self, df, batch_id: int) -> None:
         self._process_range(df, self._spark_batch_end(batch_id, df))

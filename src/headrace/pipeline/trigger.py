@@ -101,6 +101,9 @@ def input_stream(p):
     lists the sources in this order: see ``Pipeline._spark_batch_end``)."""
     from pyspark.sql import functions as F
 
+    from headrace.pipeline.columnar import columns_option, struct_ddl
+
+    decoder = p._decoder()
     streams = []
     for q in p.queues:
         # a queue batch read by one task per core: the first stage (fetch, JSON parse, bucket
@@ -109,9 +112,16 @@ def input_stream(p):
              .option("manifest_path", f"{q}/manifest")
              .option("splits_per_batch", str(p._splits_per_batch()))
              .option("retain_batches", str(p.retain_batches)))
+        mine = decoder.queue_columns(q)
+        if len(mine):  # columnar entries of the queue's tables arrive as typed rows
+            r = r.option("columns", columns_option(mine))
         if p.batches_per_trigger:
             r = r.option("max_batches_per_trigger", str(p.batches_per_trigger))
-        streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index", "entry"))
+        structs = [F.col(f"`{f.name}`") if f.name in mine.names else
+                   F.lit(None).cast(struct_ddl(f)).alias(f.name)
+                   for f in decoder.columns]
+        streams.append(r.load().select(F.lit(q).alias("queue"), "sequence", "index", "entry",
+                                       *structs))
     return reduce(lambda a, b: a.unionByName(b), streams)
 
 

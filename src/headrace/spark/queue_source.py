@@ -9,7 +9,9 @@ stateless, never touching the manifest. ``commit(end)`` acks through ``end - 1``
 
 Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
-``splits_per_batch`` (default 1: a queue batch read by that many tasks, each fetching it and
+``columns`` (the pipeline sets it: ``columnar.columns_option`` of the struct columns of the
+tables it reads from this queue — each columnar entry of those tables arrives as its rows, typed,
+with no parse; see pipeline/columnar.py), ``splits_per_batch`` (default 1: a queue batch read by that many tasks, each fetching it and
 keeping its share of the entries — a trade of k - 1 extra GETs per batch for a first stage that
 uses k cores; the pipeline sets it to Spark's default parallelism),
 ``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
@@ -43,6 +45,7 @@ from headrace.buffer.batches import fetch_block
 from headrace.buffer.config import DEFAULT_DATA_PREFIX, DEFAULT_MANIFEST_PATH
 from headrace.buffer.types import SkipRecord
 from headrace.errors import FormatError, HeadraceError
+from headrace.pipeline.columnar import columns_ddl, explode, parse_columns_option
 from headrace.retry import RetryPolicy
 from headrace.store import open_store
 
@@ -60,13 +63,15 @@ class QueuePartition(InputPartition):
 
     def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
                  manifest_path: str = DEFAULT_MANIFEST_PATH,
-                 data_path_prefix: str = DEFAULT_DATA_PREFIX, split: tuple[int, int] = (0, 1)):
+                 data_path_prefix: str = DEFAULT_DATA_PREFIX, split: tuple[int, int] = (0, 1),
+                 columns: str | None = None):
         super().__init__(batches[0][0] if batches else 0)
         self.url = url
         self.batches = batches
         self.manifest_path = manifest_path
         self.data_path_prefix = data_path_prefix
         self.split = split
+        self.columns = columns
 
 
 def _int_option(options, name: str, default: int | None, minimum: int) -> int | None:
@@ -95,6 +100,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
         self.splits_per_batch = _int_option(options, "splits_per_batch", 1, 1)
         self.retain_batches = _int_option(options, "retain_batches", 0, 0)
+        self.columns = options.get("columns")
         self.gc_interval_s = float(options.get("gc_interval_s", "300"))
         self.gc_grace_period_s = float(options.get("gc_grace_period_s", "600"))
         self._consumer: Consumer | None = None
@@ -170,13 +176,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                      for m in self._planned[s].metadata]) for s in wanted]
         n, k = self.batches_per_partition, self.splits_per_batch
         return [QueuePartition(self.url, batches[i : i + n], self.manifest_path,
-                               self.data_path_prefix, (j, k))
+                               self.data_path_prefix, (j, k), self.columns)
                 for i in range(0, len(batches), n) for j in range(k)]
 
     def read(self, partition: QueuePartition) -> Iterator[pa.RecordBatch]:
         yield from read_batches(partition.url, partition.manifest_path,
                                 partition.data_path_prefix, partition.batches,
-                                partition.split)
+                                partition.split, partition.columns)
 
     def commit(self, end: dict) -> None:
         through = int(end["sequence"]) - 1
@@ -193,11 +199,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def read_batches(url: str, manifest_path: str, data_path_prefix: str,
                  batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
-                 split: tuple[int, int] = (0, 1)):
+                 split: tuple[int, int] = (0, 1), columns: str | None = None):
     """Executor side: fetch and decode each (sequence, location, metadata) batch, keeping
-    share ``split[0]`` of ``split[1]`` of its entries; a recorded skip yields nothing, an
-    unreadable batch raises the buffer's typed error."""
+    share ``split[0]`` of ``split[1]`` of its rows; a recorded skip yields nothing, an
+    unreadable batch raises the buffer's typed error. ``columns`` (an option value): columnar
+    entries of those tables become their rows (``columnar.explode``)."""
     share, shares = split
+    structs = parse_columns_option(columns) if columns else None
     store = open_store(url)
     retry = RetryPolicy()
     for sequence, location, metadata in batches:
@@ -206,10 +214,23 @@ def read_batches(url: str, manifest_path: str, data_path_prefix: str,
         if isinstance(got, SkipRecord):
             continue
         rb = batch_to_arrow(got, sequence, location, metadata)
-        if shares > 1:  # zero-copy: the entries keep their index within the batch
-            lo, hi = len(rb) * share // shares, len(rb) * (share + 1) // shares
-            rb = rb.slice(lo, hi - lo)
-        yield rb
+        pieces = [rb] if structs is None else explode(rb, structs)
+        if shares > 1:  # zero-copy: the rows keep their entry's index within the batch
+            pieces = _share(pieces, share, shares)
+        yield from pieces
+
+
+def _share(pieces: list[pa.RecordBatch], share: int, shares: int) -> list[pa.RecordBatch]:
+    """Share ``share`` of ``shares`` equal shares of the rows of ``pieces``, as slices."""
+    n = sum(p.num_rows for p in pieces)
+    lo, hi = n * share // shares, n * (share + 1) // shares
+    out, at = [], 0
+    for p in pieces:
+        a, b = max(lo, at), min(hi, at + p.num_rows)
+        if a < b:
+            out.append(p.slice(a - at, b - a))
+        at += p.num_rows
+    return out
 
 
 def batch_to_arrow(block: DecodedBlock, sequence: int, location: str,
@@ -238,7 +259,8 @@ class QueueDataSource(DataSource):
         return "headrace.queue"
 
     def schema(self) -> str:
-        return SCHEMA
+        columns = self.options.get("columns")
+        return SCHEMA + (", " + columns_ddl(parse_columns_option(columns)) if columns else "")
 
     def streamReader(self, schema) -> QueueStreamReader:
         return QueueStreamReader(self.options)

@@ -42,6 +42,20 @@ def encode_entries(table: str, rows: list[dict], weight: int = 1) -> list[bytes]
                        allow_nan=False).encode() for r in rows]
 
 
+def encode_columnar(table: str, rows: list[dict], schema: str, weight: int = 1,
+                    entry_bytes: int | None = None) -> list[bytes]:
+    """Columnar queue entries (pipeline/columnar.py) of ``rows`` for ``table`` whose declared
+    schema is the DDL ``schema``; every row weighs ``weight``."""
+    from headrace.pipeline import columnar
+    from headrace.pipeline.plan import parse_schema
+
+    s = parse_schema(schema)
+    data = pa.table({f.name: pa.array([r[f.name] for r in rows], f.type) for f in s})
+    kw = {} if entry_bytes is None else {"entry_bytes": entry_bytes}
+    return columnar.encode(table, data, s, weights=[weight] * len(rows) if weight != 1 else None,
+                           **kw)
+
+
 def produce_entries(root: str, queue: str, payloads: list[bytes], chunk: int = 500) -> None:
     """Append entries to ``queue`` at ``root`` and wait until they are durable."""
     from headrace.buffer import Producer, ProducerConfig
