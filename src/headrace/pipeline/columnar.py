@@ -7,7 +7,7 @@ columns to Spark as they are (docs/formats/columnar-entry.md).
 
 Layout: ``MAGIC`` (4 bytes, ``HRC1``: no JSON text starts with it) then an Arrow IPC stream —
 a schema message whose metadata names the table (``headrace.table``), exactly one record batch,
-the end-of-stream marker. The schema is the table's columns in order, with the declared types,
+the end-of-stream marker, which must be the entry's last 8 bytes. The schema is the table's columns in order, with the declared types,
 optionally followed by ``__hr_w`` (int64, no nulls, never 0: each row's Z-set weight; absent =
 every row weighs 1). IPC body compression is refused: the batch file around the entries is
 compressed already, and a compressed body declares its own decompressed size, which a hostile
@@ -34,6 +34,7 @@ MAGIC = b"HRC1"
 TABLE_KEY = b"headrace.table"
 ENTRY_BYTES = 4 << 20  # target size of one encoded entry (rows are split across entries)
 MAX_ENTRY_BYTES = 64 << 20  # the largest columnar entry a reader accepts
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream: continuation, length 0
 _RECORD_BATCH = 3  # flatbuffer MessageHeader union tag of a RecordBatch (Message.fbs)
 
 
@@ -94,17 +95,6 @@ def is_columnar(entries: pa.Array) -> np.ndarray:
         .to_numpy(zero_copy_only=False)
 
 
-def table_of(entry: bytes | pa.Buffer) -> str | None:
-    """The table a columnar entry names, or None when its schema does not parse."""
-    try:
-        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(
-            pa.py_buffer(entry)[len(MAGIC):]))
-        schema = pa.ipc.read_schema(reader.read_next_message())
-        return (schema.metadata or {}).get(TABLE_KEY, b"").decode("utf-8", "replace") or None
-    except Exception:  # noqa: BLE001 - any failure: the entry names no table
-        return None
-
-
 def decode(entry: bytes | pa.Buffer, tables: dict[str, pa.Schema],
            max_bytes: int = MAX_ENTRY_BYTES) -> tuple[str, pa.RecordBatch]:
     """(table, rows): the entry's rows with the table's columns then W (int64; 1 where the
@@ -115,9 +105,16 @@ def decode(entry: bytes | pa.Buffer, tables: dict[str, pa.Schema],
         raise ColumnarEntryError(f"entry of {buf.size} bytes is larger than {max_bytes}")
     if buf.size < len(MAGIC) or buf[: len(MAGIC)].to_pybytes() != MAGIC:
         raise ColumnarEntryError(f"does not start with {MAGIC!r}")
-    try:
-        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(buf[len(MAGIC):]))
-        schema = pa.ipc.read_schema(reader.read_next_message())
+    if buf.size < len(MAGIC) + len(_EOS) or buf[buf.size - len(_EOS):].to_pybytes() != _EOS:
+        raise ColumnarEntryError("does not end with Arrow's end-of-stream marker (truncated?)")
+    try:  # the messages between the magic and the end-of-stream marker
+        reader = pa.ipc.MessageReader.open_stream(
+            pa.BufferReader(buf[len(MAGIC): buf.size - len(_EOS)]))
+        first = reader.read_next_message()
+        if first.type != "schema":  # checked first: pyarrow reads any message as a schema,
+            raise ValueError(f"a {first.type} message")  # and crashes on some (fuzzed)
+        schema = pa.ipc.read_schema(first)
+        schema.names  # noqa: B018 - names that are not UTF-8 raise here, not later
     except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds on hostile bytes
         raise ColumnarEntryError(f"no Arrow schema message: {_short(e)}") from None
     table = (schema.metadata or {}).get(TABLE_KEY, b"").decode("utf-8", "replace")
@@ -278,9 +275,10 @@ def explode(rb: pa.RecordBatch, columns: pa.Schema) -> list[pa.RecordBatch]:
         n = rows.num_rows
         if n == 0:
             continue
-        base = rb.slice(i, 1).take(pa.array(np.zeros(n, dtype=np.int64)))
-        base = base.set_column(base.schema.get_field_index("entry"), "entry",
-                               pa.nulls(n, pa.binary()))
+        # the entry's other columns repeated per row; its bytes not (they are the rows now)
+        base = pa.RecordBatch.from_arrays(
+            [pa.nulls(n, f.type) if f.name == "entry" else pa.repeat(rb.column(j)[i], n)
+             for j, f in enumerate(rb.schema)], schema=rb.schema)
         k = tables[table][0]
         struct = pa.StructArray.from_arrays(
             [rows.column(j) for j in range(rows.num_columns)], fields=list(columns[k].type))
