@@ -30,7 +30,7 @@ def _queued(root, queue: str) -> list[list[bytes]]:
 def test_the_command_produces_the_generators_events_into_the_queue(tmp_path):
     root = tmp_path / "store"
     r = _headrace("nexmark", str(root), "nx", "--events", "1200", "--rate", "100",
-                  "--seed", "3", "--batch-events", "500", "--json")
+                  "--seed", "3", "--batch-events", "500", "--entries", "json", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {k: out[k] for k in ("queue", "events", "batches", "persons", "auctions", "bids")} \
@@ -45,13 +45,35 @@ def test_the_command_produces_the_generators_events_into_the_queue(tmp_path):
 
     # --start continues the same stream after what is queued
     r = _headrace("nexmark", f"file://{root}", "nx", "--events", "300", "--start", "1200",
-                  "--rate", "100", "--seed", "3", "--json")
+                  "--rate", "100", "--seed", "3", "--entries", "json", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["first_event"] == 1200
     batches = _queued(root, "nx")
     assert len(batches) == 4
     more = json_entries(Generator(GeneratorConfig(seed=3, rate=100)).events(0, 1500))
     assert [e for b in batches for e in b] == more
+
+
+def test_columnar_entries_decode_to_the_generators_tables(tmp_path):
+    """The default entry format: per queue batch, each kind's rows as columnar entries, equal to
+    the generator's tables row for row."""
+    from headrace.nexmark.generator import ARROW_SCHEMAS
+    from headrace.pipeline import columnar
+
+    root = tmp_path / "store"
+    r = _headrace("nexmark", str(root), "nx", "--events", "1200", "--rate", "100",
+                  "--seed", "3", "--batch-events", "500", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["entries"] == "columnar"
+    gen = Generator(GeneratorConfig(seed=3, rate=100))
+    for i, entries in enumerate(_queued(root, "nx")):
+        want = gen.events(500 * i, min(500, 1200 - 500 * i)).tables
+        got: dict = {}
+        for e in entries:
+            kind, rb = columnar.decode(e, ARROW_SCHEMAS)
+            assert rb.column("__hr_w").to_pylist() == [1] * rb.num_rows
+            got[kind] = rb.drop_columns(["__hr_w"]).to_pylist()
+        assert got == {k: t.to_pylist() for k, t in want.items() if t.num_rows}
 
 
 def test_the_table_output_names_the_counts(tmp_path):

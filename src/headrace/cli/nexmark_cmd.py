@@ -27,9 +27,12 @@ from headrace.cli.common import echo_json, err_console, json_option, out_console
               help="Id of the first event: continue an earlier run's stream.")
 @click.option("--batch-events", default=10_000, show_default=True,
               type=click.IntRange(min=1), help="Events per queue batch.")
+@click.option("--entries", default="columnar", show_default=True,
+              type=click.Choice(["columnar", "json"]),
+              help="Entry format: columnar (Arrow, read with no parse) or json (one per event).")
 @json_option
 def nexmark(url: str, queue: str, events: int, rate: int, seed: int, start: int,
-            batch_events: int, as_json: bool) -> None:
+            batch_events: int, entries: str, as_json: bool) -> None:
     """Produce N Nexmark events (persons, auctions, bids) into QUEUE at URL."""
     from headrace.nexmark import GeneratorConfig
     from headrace.nexmark.producer import produce_events
@@ -44,8 +47,10 @@ def nexmark(url: str, queue: str, events: int, rate: int, seed: int, start: int,
             progress.print(f"{s.events:,} / {events:,} events", end="\r")
 
     summary = produce_events(None, queue, events, config=cfg, start=start,
-                             batch_events=batch_events, store=store, on_batch=on_batch)
-    out = {"url": store.url, **summary.as_dict(), "seed": seed, "rate": rate}
+                             batch_events=batch_events, store=store, on_batch=on_batch,
+                             entries=entries)
+    out = {"url": store.url, **summary.as_dict(), "seed": seed, "rate": rate,
+           "entries": entries}
     if as_json:
         echo_json(out)
         return

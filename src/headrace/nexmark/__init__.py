@@ -14,7 +14,9 @@ from headrace.nexmark.generator import (
     EventBatch,
     Generator,
     GeneratorConfig,
+    columnar_entries,
     json_entries,
 )
 
-__all__ = ["KINDS", "SCHEMAS", "EventBatch", "Generator", "GeneratorConfig", "json_entries"]
+__all__ = ["KINDS", "SCHEMAS", "EventBatch", "Generator", "GeneratorConfig", "columnar_entries",
+           "json_entries"]

@@ -442,3 +442,13 @@ def json_entries(batch: EventBatch) -> list[bytes]:
     ids = np.concatenate([batch.ids[k] for k in KINDS if batch.tables[k].num_rows])
     merged = pa.concat_arrays(arrays).take(pa.array(np.argsort(ids, kind="stable")))
     return merged.cast(pa.binary()).to_pylist()
+
+
+def columnar_entries(batch: EventBatch) -> list[bytes]:
+    """The batch's events as columnar queue entries (pipeline/columnar.py): per kind, its rows
+    in event-id order as Arrow record batches — read with no parse. Kinds are not interleaved:
+    a micro-batch is a set of changes, so the order across tables does not change a result."""
+    from headrace.pipeline import columnar
+
+    return [e for k in KINDS if batch.tables[k].num_rows
+            for e in columnar.encode(k, batch.tables[k], ARROW_SCHEMAS[k])]

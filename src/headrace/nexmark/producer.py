@@ -1,7 +1,8 @@
 """Write Nexmark events into a headrace queue: one queue batch per ``batch_events`` events.
 
-Each batch is generated (vectorised), turned into JSON entries ``{"table": kind, "w": 1, ...}``
-and handed to the buffer's :class:`~headrace.buffer.Producer` in one ``produce`` call followed by
+Each batch is generated (vectorised), turned into columnar entries (Arrow record batches of
+each kind, read with no parse; ``entries="json"``: one JSON entry ``{"table": kind, "w": 1,
+...}`` per event, in event-id order) and handed to the buffer's :class:`~headrace.buffer.Producer` in one ``produce`` call followed by
 ``flush``, so a queue batch holds exactly the events of one generated batch (a pipeline with
 ``batches_per_trigger=1`` then sees ``batch_events`` events per micro-batch). Returns once every
 entry is durable.
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from headrace.errors import InvalidInput
-from headrace.nexmark.generator import KINDS, Generator, GeneratorConfig, iso_ms, json_entries
+from headrace.nexmark.generator import (
+    KINDS,
+    Generator,
+    GeneratorConfig,
+    columnar_entries,
+    iso_ms,
+    json_entries,
+)
 
 MAX_BATCH_BYTES = 64 * 1024 * 1024  # the producer's flush size; a batch past it is refused
 DEFAULT_BATCH_EVENTS = 10_000
@@ -47,11 +55,16 @@ class ProduceSummary:
 def produce_events(url: str | None, queue: str, count: int, *,
                    config: GeneratorConfig | None = None, start: int = 0,
                    batch_events: int = DEFAULT_BATCH_EVENTS, store=None,
-                   on_batch: Callable[[ProduceSummary], None] | None = None) -> ProduceSummary:
+                   on_batch: Callable[[ProduceSummary], None] | None = None,
+                   entries: str = "columnar") -> ProduceSummary:
     """Produce events ``[start, start + count)`` of ``config``'s stream into ``queue`` (manifest
-    ``{queue}/manifest``, batch files under ``{queue}/``) at ``url`` (or ``store``)."""
+    ``{queue}/manifest``, batch files under ``{queue}/``) at ``url`` (or ``store``), as
+    ``entries`` ("columnar" or "json")."""
     from headrace.buffer import Producer, ProducerConfig
 
+    encode = {"columnar": columnar_entries, "json": json_entries}.get(entries)
+    if encode is None:
+        raise InvalidInput(f"nexmark entries: 'columnar' or 'json', got {entries!r}")
     for name, value, low in (("count", count, 1), ("start", start, 0),
                              ("batch_events", batch_events, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -64,13 +77,14 @@ def produce_events(url: str | None, queue: str, count: int, *,
     t0 = time.perf_counter()
     with Producer(cfg) as producer:
         for batch in gen.batches(count, batch_events, start):
-            entries = json_entries(batch)
-            size = sum(map(len, entries))
+            payloads = encode(batch)
+            size = sum(map(len, payloads))
             if size > MAX_BATCH_BYTES:
                 raise InvalidInput(f"nexmark batch of {batch.count} events starting at event "
-                                   f"{batch.start} is {size} bytes of JSON, more than one queue "
-                                   f"batch may hold ({MAX_BATCH_BYTES}); use fewer batch_events")
-            handle = producer.produce(entries)
+                                   f"{batch.start} is {size} bytes of entries, more than one "
+                                   f"queue batch may hold ({MAX_BATCH_BYTES}); use fewer "
+                                   "batch_events")
+            handle = producer.produce(payloads)
             producer.flush()
             handle.watcher.await_durable()
             summary.events += batch.count

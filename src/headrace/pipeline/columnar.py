@@ -48,13 +48,18 @@ class ColumnarEntryError(InvalidInput):
         self.table, self.field, self.reason = table, field, reason
 
 
-def encode(table: str, data: pa.Table | pa.RecordBatch, schema: pa.Schema | None = None,
+def encode(table: str, data: pa.Table | pa.RecordBatch, schema: str | pa.Schema | None = None,
            weights=None, entry_bytes: int = ENTRY_BYTES) -> list[bytes]:
     """``data``'s rows as columnar entries of ``table`` (split so that each entry holds about
-    ``entry_bytes``). ``schema``: the table's declared schema — ``data`` is cast to it (a cast
-    that would lose values raises); ``weights``: an int64 array of the rows' weights (None: 1)."""
+    ``entry_bytes``). ``schema``: the table's declared schema, as given to ``read_queue`` (DDL
+    or Arrow) — ``data`` is cast to it (a cast that would lose values raises); ``weights``: an
+    int64 array of the rows' weights (None: 1)."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
+    if isinstance(schema, str):
+        from headrace.pipeline.plan import parse_schema
+
+        schema = parse_schema(schema, f"columnar entries of {table!r}")
     if schema is not None:
         missing = [f.name for f in schema if f.name not in data.column_names]
         if missing:
