@@ -57,8 +57,9 @@ def test_the_command_produces_the_generators_events_into_the_queue(tmp_path):
 def test_columnar_entries_decode_to_the_generators_tables(tmp_path):
     """The default entry format: per queue batch, each kind's rows as columnar entries, equal to
     the generator's tables row for row."""
-    from headrace.nexmark.generator import ARROW_SCHEMAS
+    from headrace.nexmark import SCHEMAS
     from headrace.pipeline import columnar
+    from headrace.pipeline.plan import parse_schema
 
     root = tmp_path / "store"
     r = _headrace("nexmark", str(root), "nx", "--events", "1200", "--rate", "100",
@@ -70,7 +71,7 @@ def test_columnar_entries_decode_to_the_generators_tables(tmp_path):
         want = gen.events(500 * i, min(500, 1200 - 500 * i)).tables
         got: dict = {}
         for e in entries:
-            kind, rb = columnar.decode(e, ARROW_SCHEMAS)
+            kind, rb = columnar.decode(e, {k: parse_schema(d) for k, d in SCHEMAS.items()})
             assert rb.column("__hr_w").to_pylist() == [1] * rb.num_rows
             got[kind] = rb.drop_columns(["__hr_w"]).to_pylist()
         assert got == {k: t.to_pylist() for k, t in want.items() if t.num_rows}
@@ -102,7 +103,8 @@ def test_a_queue_name_that_escapes_the_store_is_one_line_error(tmp_path):
 
 def test_produce_events_writes_one_batch_per_batch_events(tmp_path):
     cfg = GeneratorConfig(seed=9, rate=50)
-    s = produce_events(str(tmp_path), "in", 2_600, config=cfg, batch_events=1_000)
+    s = produce_events(str(tmp_path), "in", 2_600, config=cfg, batch_events=1_000,
+                       entries="json")
     assert (s.events, s.batches, s.per_kind) == (2_600, 3, {"person": 52, "auction": 156,
                                                            "bid": 2_392})
     batches = _queued(tmp_path, "in")
@@ -114,3 +116,5 @@ def test_produce_events_writes_one_batch_per_batch_events(tmp_path):
         produce_events(str(tmp_path), "in", 0, config=cfg)
     with pytest.raises(InvalidInput, match="batch_events"):
         produce_events(str(tmp_path), "in", 5, config=cfg, batch_events=0)
+    with pytest.raises(InvalidInput, match="entries"):
+        produce_events(str(tmp_path), "in", 5, config=cfg, entries="csv")

@@ -451,4 +451,4 @@ def columnar_entries(batch: EventBatch) -> list[bytes]:
     from headrace.pipeline import columnar
 
     return [e for k in KINDS if batch.tables[k].num_rows
-            for e in columnar.encode(k, batch.tables[k], ARROW_SCHEMAS[k])]
+            for e in columnar.encode(k, batch.tables[k], SCHEMAS[k])]
