@@ -27,6 +27,7 @@ import pytest
 from headrace.buffer import QueueConsumer, read_manifest
 from headrace.buffer.batch_format import decode_batch
 from headrace.errors import InvalidInput
+from headrace.pipeline.plan import parse_schema
 from headrace.pipeline.streams import Intent, StreamCheckpointLost, entries_block
 from headrace.store import open_store
 
@@ -72,9 +73,13 @@ def _stream(spark, folder, per_trigger: int | None = None):
 
 
 def _queue_rows(store, queue: str) -> int:
-    """Entries the queue holds now (every batch file read)."""
-    return sum(len(decode_batch(store.get(e.location).data))
-               for e in read_manifest(store, f"{queue}/manifest").entries)
+    """Rows the queue holds now (every batch file read, every columnar entry decoded)."""
+    from headrace.pipeline.columnar import decode
+
+    schemas = {"clicks": parse_schema(DDL)}
+    return sum(decode(entry, schemas)[1].num_rows
+               for e in read_manifest(store, f"{queue}/manifest").entries
+               for entry in decode_batch(store.get(e.location).data))
 
 
 def _batch_files(store, queue: str) -> int:

@@ -54,6 +54,13 @@ def encode(table: str, data: pa.Table | pa.RecordBatch, schema: str | pa.Schema 
     ``entry_bytes``). ``schema``: the table's declared schema, as given to ``read_queue`` (DDL
     or Arrow) — ``data`` is cast to it (a cast that would lose values raises); ``weights``: an
     int64 array of the rows' weights (None: 1)."""
+    return [e for e, _ in encode_counted(table, data, schema, weights, entry_bytes)]
+
+
+def encode_counted(table: str, data: pa.Table | pa.RecordBatch,
+                   schema: str | pa.Schema | None = None, weights=None,
+                   entry_bytes: int = ENTRY_BYTES) -> list[tuple[bytes, int]]:
+    """:func:`encode`, each entry with its row count."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(schema, str):
@@ -87,7 +94,7 @@ def encode(table: str, data: pa.Table | pa.RecordBatch, schema: str | pa.Schema 
         chunk = data.slice(lo, step).combine_chunks()
         with pa.ipc.new_stream(sink, data.schema) as writer:
             writer.write_table(chunk, max_chunksize=chunk.num_rows)
-        out.append(sink.getvalue().to_pybytes())
+        out.append((sink.getvalue().to_pybytes(), chunk.num_rows))
     return out
 
 

@@ -3,7 +3,8 @@
 Ingest, then process. A side Spark query (its own checkpoint, ``foreachBatch``) copies each
 micro-batch of ``df`` into the internal queue ``<pipeline>.stream.<name>`` as ordinary queue
 entries ``{"table": name, "w": 1, <columns>}``; the pipeline reads that queue like any other, so
-its recovery, offsets, dead-letter shard and exactly-once apply unchanged.
+its recovery, offsets, dead-letter shard and exactly-once apply unchanged. The entries are
+columnar (columnar.py: Arrow record batches of the stream's rows), so neither side parses text.
 
 One ingest batch b (Spark's batch id) of side query Q:
 
@@ -12,7 +13,8 @@ One ingest batch b (Spark's batch id) of side query Q:
    source from its start; we refuse rather than duplicate). batch > b, or batch == b and the
    manifest's ``next_sequence`` moved past the recorded one: b's entries landed before a crash
    -> skip (the replay appends nothing);
-2. executors encode the rows as JSON (``to_json`` in the JVM) and upload them as batch files
+2. executors encode the rows as columnar entries (``mapInArrow``: Spark hands them over as
+   Arrow) and upload them as batch files
    (``{queue}/{ULID}.batch``, Create, ~8 MiB each): the data never reaches the driver, which
    collects one small row per file;
 3. unless step 1 found b's intent already, put the intent {Q, b, next_sequence now} (CAS on its
@@ -62,12 +64,7 @@ from headrace.store import CREATE, IfMatch
 log = logging.getLogger("headrace.pipeline.streams")
 
 STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-# what the queue's decoder reads back exactly: UTC timestamps to the microsecond, NULLs
-# written out (a missing field is a bad entry), ISO dates; binary is base64, decimals exact
-JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timeZone": "UTC",
-                "dateFormat": "yyyy-MM-dd", "ignoreNullFields": "false"}
 FILE_BYTES = 8 << 20  # entry bytes per uploaded batch file (readers bound a block at 128 MiB)
-MAX_ROW_BYTES = 64 << 20  # one row's JSON: larger cannot fit a batch file readers accept
 APPEND_WINDOW_MS = 300_000  # half of the queue collector's default grace period (600 s)
 _UPLOAD_ATTEMPTS = 3  # fresh uploads when an append finds its files past the window
 _FILES_DDL = "location string, records long, bytes long"
@@ -134,45 +131,48 @@ def _pieces(entries: pa.Array, limit: int) -> list[pa.Array]:
     return out
 
 
-def upload_task(url: str, queue: str, stream: str, batch_id: int, file_bytes: int = FILE_BYTES):
-    """mapInArrow function: a partition's entries -> batch files under ``queue/``, one row
-    (location, records, bytes) per file."""
+def upload_task(url: str, queue: str, stream: str, batch_id: int, schema: pa.Schema,
+                file_bytes: int = FILE_BYTES):
+    """mapInArrow function: a partition's rows (the stream's columns) -> columnar entries in
+    batch files under ``queue/``, one row (location, records = rows, bytes) per file."""
+    from headrace.pipeline import columnar
 
     def fn(batches):
         from headrace.pipeline.workers import task_store
 
         store = task_store(url)
-        pending: list[pa.Array] = []
+        pending: list[bytes] = []
+        rows: list[int] = []
         size = 0
 
-        def upload(chunk: pa.Array) -> pa.RecordBatch:
-            data = entries_block(chunk)
+        def upload() -> pa.RecordBatch:
+            data = entries_block(pa.array(pending, pa.binary()))
             location = f"{queue}/{new_ulid()}.batch"
             RetryPolicy().call(lambda: store.put(location, data, CREATE),
                                what=f"upload {location}")
             return pa.RecordBatch.from_arrays(
-                [pa.array([location]), pa.array([len(chunk)], pa.int64()),
+                [pa.array([location]), pa.array([sum(rows)], pa.int64()),
                  pa.array([len(data)], pa.int64())], names=["location", "records", "bytes"])
 
         for b in batches:
-            col = b.column(0).cast(pa.binary())
-            if not len(col):
+            if not b.num_rows:
                 continue
-            longest = pc.max(pc.binary_length(col)).as_py()
-            if longest > MAX_ROW_BYTES:
-                raise InvalidInput(f"stream {stream!r} batch {batch_id}: a row is {longest} "
-                                   f"bytes as JSON, more than {MAX_ROW_BYTES}")
-            pending.append(col)
-            size += int(pc.sum(pc.binary_length(col)).as_py()) + 4 * len(col)
-            if size < file_bytes:
-                continue
-            pieces = _pieces(pa.concat_arrays(pending), file_bytes)
-            for piece in pieces[:-1]:
-                yield upload(piece)
-            pending = [pieces[-1]]
-            size = int(pc.sum(pc.binary_length(pieces[-1])).as_py()) + 4 * len(pieces[-1])
+            # Spark marks columns nullable or not per batch, and gives timestamps in the
+            # session's time zone: the same values, cast to the table's declared types
+            for entry, n in columnar.encode_counted(
+                    stream, b, schema, entry_bytes=min(columnar.ENTRY_BYTES, file_bytes)):
+                if len(entry) > columnar.MAX_ENTRY_BYTES:
+                    raise InvalidInput(
+                        f"stream {stream!r} batch {batch_id}: a row takes {len(entry)} bytes "
+                        f"as a columnar entry, more than {columnar.MAX_ENTRY_BYTES}")
+                if pending and size + len(entry) + 4 > file_bytes:
+                    yield upload()
+                    pending, rows, size = [], [], 0
+                pending.append(entry)
+                rows.append(n)
+                size += len(entry) + 4
         if pending:
-            yield upload(pa.concat_arrays(pending))
+            yield upload()
 
     return fn
 
@@ -183,6 +183,7 @@ class StreamIngest:
     def __init__(self, df, *, url: str, store, queue: str, table: str,
                  checkpoint: str | None = None, file_bytes: int = FILE_BYTES):
         self.df, self.url, self.store, self.queue, self.table = df, url, store, queue, table
+        self.schema = stream_schema(df, table)
         self.checkpoint = checkpoint  # None: <the pipeline's checkpoint>/streams/<table>
         self.file_bytes = file_bytes
         self.manifest_path = f"{queue}/manifest"
@@ -198,12 +199,11 @@ class StreamIngest:
 
     # ---- the side query ----------------------------------------------------------------
     def entries(self, df):
-        """``df``'s rows as queue entries (one column ``entry``), encoded by Spark in the JVM."""
+        """``df``'s rows to become queue entries: the stream's columns, in the table's order
+        (the upload task encodes them, ``upload_task``)."""
         from pyspark.sql import functions as F
 
-        cols = [F.lit(self.table).alias("table"), F.lit(1).cast("long").alias("w"),
-                *[F.col(f"`{c}`") for c in df.columns]]
-        return df.select(F.to_json(F.struct(*cols), JSON_OPTIONS).alias("entry"))
+        return df.select(*[F.col(f"`{c}`") for c in self.schema.names])
 
     def _writer(self, checkpoint_root: str, pipeline: str):
         entries = self.entries(self.df)
@@ -248,8 +248,8 @@ class StreamIngest:
 
     # ---- one ingest batch --------------------------------------------------------------
     def ingest(self, entries_df, batch_id: int, query_id: str) -> int:
-        """Append Spark batch ``batch_id`` of ``entries_df`` (one column ``entry``: the JSON
-        entries) to the queue exactly once; returns the entries appended (0 on a replay)."""
+        """Append Spark batch ``batch_id`` of ``entries_df`` (the rows, ``entries``) to the
+        queue exactly once; returns the rows appended (0 on a replay)."""
         intent, etag = self._read_intent()
         if intent is not None and intent.query != query_id:
             raise StreamCheckpointLost(
@@ -267,7 +267,8 @@ class StreamIngest:
         t0 = time.perf_counter()
         for _ in range(_UPLOAD_ATTEMPTS):
             files = entries_df.mapInArrow(
-                upload_task(self.url, self.queue, self.table, batch_id, self.file_bytes),
+                upload_task(self.url, self.queue, self.table, batch_id, self.schema,
+                            self.file_bytes),
                 _FILES_DDL).collect()
             if not files:
                 return 0
