@@ -1,19 +1,20 @@
 """Queue entries -> typed rows per table, with every bad entry caught, never coerced.
 
-An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w`` defaults
-to 1), or a columnar entry (columnar.py: an Arrow record batch of one table's rows) that the
-queue source has already turned into typed rows — their table's struct column ``{PREFIX}c{i}``
-is set and ``entry`` is NULL, and no parse runs. A JSON entry is *bad* when it is larger than
+An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w`` defaults to
+1), or a columnar entry (columnar.py: an Arrow record batch of one table's rows) that the queue
+source has already turned into typed rows — their table's struct column ``{PREFIX}c{i}`` is set
+and ``entry`` is NULL, and no parse runs. A JSON entry is *bad* when it is larger than
 ``max_entry_bytes``, not a JSON object, names no known table, lacks one of its table's columns,
 holds a value of the wrong type (Spark's JSON parser flags it: the value is never turned into
 NULL silently), or has a weight that is 0 or not an integer; a columnar entry is bad when it
-does not decode (it then reaches the decoder as a plain entry). Good rows flow to the operators. Every entry also passes :func:`entries_task`, as a row
-of nulls unless it is bad (so the task counts the batch's entries without a Spark aggregate,
-which would cost a stage), and the task names why each bad one was refused (a Python look at
-each bad entry: they are the exception, not the bulk) and either reports
-them (``on_bad_entry="fail"``: the batch stops before anything is committed, the error names
-queue sequence, entry index, table and field) or writes them to the pipeline's dead-letter
-shard (``"dead_letter"``: raw entry, reason, position; counted in the batch metrics).
+does not decode (it then reaches the decoder as a plain entry). Good rows flow to the operators.
+Every entry also passes :func:`entries_task`, as a row of nulls unless it is bad (so the task
+counts the batch's entries without a Spark aggregate, which would cost a stage), and the task
+names why each bad one was refused (a Python look at each bad entry: they are the exception, not
+the bulk) and either reports them (``on_bad_entry="fail"``: the batch stops before anything is
+committed, the error names queue sequence, entry index, table and field) or writes them to the
+pipeline's dead-letter shard (``"dead_letter"``: raw entry, reason, position; counted in the
+batch metrics).
 """
 
 from __future__ import annotations
