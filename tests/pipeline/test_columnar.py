@@ -75,6 +75,12 @@ def test_no_weights_means_one_and_the_producer_schema_is_cast_exactly():
     table, rb = columnar.decode(entry, {"t": s})
     assert table == "t" and rb.column(W).to_pylist() == [1, 1]
     assert rb.schema.field("k").type == pa.int64() and rb.column("v").to_pylist() == [1.0, 2.0]
+    from headrace.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="'x' is not one of the table's"):
+        columnar.encode("t", data.append_column("x", pa.array([1, 2])), s)
+    with pytest.raises(InvalidInput, match="no column 'k'"):
+        columnar.encode("t", data.drop_columns(["k"]), s)
     with pytest.raises(pa.ArrowInvalid):  # a cast that loses values is the producer's error
         columnar.encode("t", pa.table({"k": [1], "v": [2**40]}), parse_schema("k long, v int"))
 

@@ -71,6 +71,10 @@ def encode_counted(table: str, data: pa.Table | pa.RecordBatch,
         missing = [f.name for f in schema if f.name not in data.column_names]
         if missing:
             raise InvalidInput(f"columnar entries of {table!r}: no column {missing[0]!r}")
+        extra = [n for n in data.column_names if n not in schema.names]
+        if extra:  # never dropped silently: a misspelt name would lose a column's values
+            raise InvalidInput(f"columnar entries of {table!r}: column {extra[0]!r} is not "
+                               f"one of the table's {schema.names}")
         data = data.select(schema.names).cast(pa.schema([pa.field(f.name, f.type)
                                                          for f in schema]))
     if weights is not None:
