@@ -22,9 +22,10 @@ Since session 10 the group-by (one table read by one operator) runs on the stati
 ``n{N}_static_plan_batches_headrace`` counts the batches that did.
 
 State bytes per batch, compaction amortised: the STEADY window holds one merge of the smallest
-tier only, so ``state_bytes_ratio_vs_spark_changelog`` divides the mean over 64 (quick: 32) steady batches of
-the same job's task function driven without Spark (``amortised_state_bytes``; the window's own
-ratio is reported as ``..._steady_window``) by Spark's changelog bytes per batch.
+tier only, so ``state_bytes_ratio_vs_spark_changelog`` divides the mean over 64 (quick: 32)
+steady batches of the same job's task function driven without Spark
+(``amortised_state_bytes``; the window's own ratio is reported as ``..._steady_window``) by
+Spark's changelog bytes per batch.
 
 Also measured, each in fresh processes:
 - driver peak RSS of a join that emits 2M rows per batch vs one that emits 20k (quick: 400k
@@ -532,8 +533,8 @@ def main() -> None:
         figures["batch_s_ratio_vs_spark_p200"] = (h_by[big]["batch_s_p50"]
                                                   / s_by[big][200]["batch_s_p50"])
         figures["batch_s_growth"] = h_by[big]["batch_s_p50"] / h_by[small]["batch_s_p50"]
-        # compaction amortised over 64 (quick: 32) steady batches (the STEADY window holds one merge of
-        # the smallest tier; the larger merges come every 16, 64... batches)
+        # compaction amortised over 64 (quick: 32) steady batches (the STEADY window holds one
+        # merge of the smallest tier; the larger merges come every 16, 64... batches)
         am = amortised_state_bytes(work, big, delta, batches=32 if args.quick else 64)
         phase("amortised state bytes done")
         figures[f"n{big}_state_bytes_per_batch_headrace_{am['batches']}"] = \

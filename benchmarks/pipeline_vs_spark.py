@@ -5,14 +5,16 @@ first batch touches every key, so state holds ~n_keys keys. Query: group by key,
 sum, P shuffle partitions.
 
 (A) headrace: each file's rows are produced into the ingest queue as one queue batch (columnar
-    entries, Arrow record batches; ``HEADRACE_BENCH_ENTRIES=json``: one JSON entry per row); a Pipeline (aggregate, reservoir state, output shard) processes one queue batch per
+    entries, Arrow record batches; ``HEADRACE_BENCH_ENTRIES=json``: one JSON entry per row); a
+    Pipeline (aggregate, reservoir state, output shard) processes one queue batch per
     micro-batch. State PUTs per batch = new objects under the state stream's prefix (listed before
     and after each batch, as the baseline lists Spark's checkpoint folder) — task uploads included.
 (B) plain Spark Structured Streaming, RocksDBStateStoreProvider, changelog checkpointing on
     (spark_baseline.run_spark_rocksdb), at P=200 shuffle partitions (Spark's default) *and* at
     its best P for this machine (full: the fastest of 2, 4, 8, 16; quick: of 2, 4, 8): every
     Spark figure and ratio is reported for both (``*_p200``, ``*_best_p``). Changelog off is run
-    at the best P for its state PUT count. headrace runs 2 tasks per stage (its default: one per core).
+    at the best P for its state PUT count. headrace runs 2 tasks per stage (its default: one
+    per core).
 
 Recovery: headrace is made to fail permanently at its state checkpoint in the middle of one more
 micro-batch (FaultyStore, the batch's work is lost like under kill -9), then a fresh Pipeline on

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 import struct
 
 import numpy as np
@@ -147,7 +148,8 @@ def test_every_truncation_is_a_columnar_entry_error():
             columnar.decode(entry[:cut], tables)
 
 
-@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_entries_decode_validated_or_raise_the_typed_error(data):
     """Random byte flips, insertions and cuts of a valid entry (strings, so offsets can point

@@ -2,9 +2,10 @@
 
 Each batch is generated (vectorised), turned into columnar entries (Arrow record batches of
 each kind, read with no parse; ``entries="json"``: one JSON entry ``{"table": kind, "w": 1,
-...}`` per event, in event-id order) and handed to the buffer's :class:`~headrace.buffer.Producer` in one ``produce`` call followed by
-``flush``, so a queue batch holds exactly the events of one generated batch (a pipeline with
-``batches_per_trigger=1`` then sees ``batch_events`` events per micro-batch). Returns once every
+...}`` per event, in event-id order) and handed to the buffer's
+:class:`~headrace.buffer.Producer` in one ``produce`` call followed by ``flush``, so a queue
+batch holds exactly the events of one generated batch (a pipeline with ``batches_per_trigger=1``
+then sees ``batch_events`` events per micro-batch). Returns once every
 entry is durable.
 """
 

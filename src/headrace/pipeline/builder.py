@@ -122,7 +122,7 @@ class PipelineBuilder:
             raise InvalidInput(f"stream {name!r} is read already")
         frame = self.read_queue(queue, {name: schema})[name]
         self.streams.append(StreamIngest(df, url=self.root, store=self.store, queue=queue,
-                                         table=name, checkpoint=checkpoint))
+                                         table=name, schema=schema, checkpoint=checkpoint))
         return frame
 
     # ---- operators --------------------------------------------------------------------

@@ -7,11 +7,11 @@ columns to Spark as they are (docs/formats/columnar-entry.md).
 
 Layout: ``MAGIC`` (4 bytes, ``HRC1``: no JSON text starts with it) then an Arrow IPC stream —
 a schema message whose metadata names the table (``headrace.table``), exactly one record batch,
-the end-of-stream marker, which must be the entry's last 8 bytes. The schema is the table's columns in order, with the declared types,
-optionally followed by ``__hr_w`` (int64, no nulls, never 0: each row's Z-set weight; absent =
-every row weighs 1). IPC body compression is refused: the batch file around the entries is
-compressed already, and a compressed body declares its own decompressed size, which a hostile
-entry could make anything.
+the end-of-stream marker, which must be the entry's last 8 bytes. The schema is the table's
+columns in order, with the declared types, optionally followed by ``__hr_w`` (int64, no nulls,
+never 0: each row's Z-set weight; absent = every row weighs 1). IPC body compression is
+refused: the batch file around the entries is compressed already, and a compressed body
+declares its own decompressed size, which a hostile entry could make anything.
 
 Decoding trusts nothing: the stream must parse, the schema must equal the table's (names and
 types), the batch must pass Arrow's full validation (offsets in bounds, UTF-8, decimal

@@ -1,10 +1,10 @@
 """``p.read_stream(df, name)``: any Spark streaming DataFrame as a pipeline source, exactly once.
 
 Ingest, then process. A side Spark query (its own checkpoint, ``foreachBatch``) copies each
-micro-batch of ``df`` into the internal queue ``<pipeline>.stream.<name>`` as ordinary queue
-entries ``{"table": name, "w": 1, <columns>}``; the pipeline reads that queue like any other, so
-its recovery, offsets, dead-letter shard and exactly-once apply unchanged. The entries are
-columnar (columnar.py: Arrow record batches of the stream's rows), so neither side parses text.
+micro-batch of ``df`` into the internal queue ``<pipeline>.stream.<name>`` as columnar queue
+entries of table ``name`` (columnar.py: Arrow record batches of the stream's rows, so neither
+side parses text); the pipeline reads that queue like any other, so its recovery, offsets,
+dead-letter shard and exactly-once apply unchanged.
 
 One ingest batch b (Spark's batch id) of side query Q:
 
@@ -118,19 +118,6 @@ def entries_block(entries: pa.Array) -> bytes:
     return zstd_compress(block, 3) + FOOTER.pack(COMPRESSION_ZSTD, n, VERSION)
 
 
-def _pieces(entries: pa.Array, limit: int) -> list[pa.Array]:
-    """Cut ``entries`` into runs of at most ``limit`` bytes each (a longer row alone)."""
-    sizes = pc.binary_length(entries).to_numpy(zero_copy_only=False).astype(np.int64) + 4
-    ends = np.cumsum(sizes)
-    out, start, n = [], 0, len(entries)
-    while start < n:
-        base = int(ends[start - 1]) if start else 0
-        stop = max(int(np.searchsorted(ends, base + limit, side="right")), start + 1)
-        out.append(entries.slice(start, stop - start))
-        start = stop
-    return out
-
-
 def upload_task(url: str, queue: str, stream: str, batch_id: int, schema: pa.Schema,
                 file_bytes: int = FILE_BYTES):
     """mapInArrow function: a partition's rows (the stream's columns) -> columnar entries in
@@ -180,10 +167,10 @@ def upload_task(url: str, queue: str, stream: str, batch_id: int, schema: pa.Sch
 class StreamIngest:
     """One stream's side query and the protocol of the module docstring."""
 
-    def __init__(self, df, *, url: str, store, queue: str, table: str,
+    def __init__(self, df, *, url: str, store, queue: str, table: str, schema: pa.Schema,
                  checkpoint: str | None = None, file_bytes: int = FILE_BYTES):
         self.df, self.url, self.store, self.queue, self.table = df, url, store, queue, table
-        self.schema = stream_schema(df, table)
+        self.schema = schema  # the table's declared schema (stream_schema of ``df``)
         self.checkpoint = checkpoint  # None: <the pipeline's checkpoint>/streams/<table>
         self.file_bytes = file_bytes
         self.manifest_path = f"{queue}/manifest"

@@ -11,9 +11,10 @@ Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
 ``columns`` (the pipeline sets it: ``columnar.columns_option`` of the struct columns of the
 tables it reads from this queue — each columnar entry of those tables arrives as its rows, typed,
-with no parse; see pipeline/columnar.py), ``splits_per_batch`` (default 1: a queue batch read by that many tasks, each fetching it and
-keeping its share of the entries — a trade of k - 1 extra GETs per batch for a first stage that
-uses k cores; the pipeline sets it to Spark's default parallelism),
+with no parse; see pipeline/columnar.py), ``splits_per_batch`` (default 1: a queue batch read
+by that many tasks, each fetching it and keeping its share of the rows — a trade of k - 1
+extra GETs per batch, and of each task decoding every columnar entry of the batch, for a first
+stage that uses k cores; the pipeline sets it to Spark's default parallelism),
 ``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
 in the queue, so a pipeline part added later can replay them — ``start="history"``; the
 manifest and the stored batches grow by N batches), ``data_path_prefix`` (default: the
