@@ -255,7 +255,7 @@ def _run_first_batch_child(cfg: dict, log: Path, timeout_s: float) -> dict:
 
 def run_spark_rocksdb(spark, input_dir, work_dir, partitions: int = 200, changelog: bool = True,
                       max_files_per_trigger: int = 1, recovery: bool = True,
-                      child_timeout_s: float = 600.0) -> dict:
+                      child_timeout_s: float = 600.0, cold_reference: bool = True) -> dict:
     """Run the baseline query over ``input_files(input_dir)`` (one file = one micro-batch).
 
     Returns a flat dict: state_files_per_batch, checkpoint_files_per_batch, bytes_per_batch,
@@ -343,12 +343,13 @@ def run_spark_rocksdb(spark, input_dir, work_dir, partitions: int = 200, changel
 
     if recovery:
         res.update(_measure_recovery(spark, files, work, src, ckpt, partitions, changelog,
-                                     max_files_per_trigger, len(batches), child_timeout_s))
+                                     max_files_per_trigger, len(batches), child_timeout_s,
+                                     cold_reference))
     return res
 
 
 def _measure_recovery(spark, files, work, src, ckpt, partitions, changelog, mftr, n_done,
-                      timeout_s) -> dict:
+                      timeout_s, cold_reference: bool = True) -> dict:
     conf = spark.sparkContext.getConf()
     extra = {}
     for k in ("spark.driver.memory", "spark.ui.showConsoleProgress"):
@@ -388,29 +389,29 @@ def _measure_recovery(spark, files, work, src, ckpt, partitions, changelog, mftr
     cfg = dict(base, mode="first", src=str(src), ckpt=str(ckpt), result=str(work / "recover.json"))
     r = _run_first_batch_child(cfg, log, timeout_s)
 
-    # 3. cold reference: the same batch on an empty checkpoint, in a new process
-    cold_src, cold_ckpt = work / "cold_src", work / "cold_checkpoint"
-    _stage(files[-1], cold_src, "r00000.parquet")
-    cfg = dict(base, mode="first", src=str(cold_src), ckpt=str(cold_ckpt),
-               result=str(work / "cold.json"))
-    c = _run_first_batch_child(cfg, log, timeout_s)
-
-    return {
+    out = {
         "recovery_s": r["t_first_end"] - r["t_session"],
         "recovery_total_s": r["t_first_end"] - r["t_spawn"],
         "recovery_session_s": r["t_session"] - r["t_spawn"],
         "recovery_batch_s": r["trigger_s"],
         "recovery_batch_id": r["batch_id"],
         "recovery_state_rows_total": r["state_rows_total"],
-        "recovery_cold_query_s": c["t_first_end"] - c["t_session"],
-        "recovery_cold_session_s": c["t_session"] - c["t_spawn"],
-        "recovery_minus_cold_s": (r["t_first_end"] - r["t_session"])
-        - (c["t_first_end"] - c["t_session"]),
         "kill_new_state_files": killed_at["new_state_files"],
         "kill_new_checkpoint_files": len(after_kill),
         "kill_after_commit": int(committed),
         "_kill_new_files": killed_at["new_files"],
     }
+    if cold_reference:  # 3. the same batch on an empty checkpoint, in a new process
+        cold_src, cold_ckpt = work / "cold_src", work / "cold_checkpoint"
+        _stage(files[-1], cold_src, "r00000.parquet")
+        cfg = dict(base, mode="first", src=str(cold_src), ckpt=str(cold_ckpt),
+                   result=str(work / "cold.json"))
+        c = _run_first_batch_child(cfg, log, timeout_s)
+        out.update({"recovery_cold_query_s": c["t_first_end"] - c["t_session"],
+                    "recovery_cold_session_s": c["t_session"] - c["t_spawn"],
+                    "recovery_minus_cold_s": (r["t_first_end"] - r["t_session"])
+                    - (c["t_first_end"] - c["t_session"])})
+    return out
 
 
 # ------------------------------------------------------------------------------------------ main

@@ -177,6 +177,24 @@ class LSMModel(RuleBasedStateMachine):
         lsm.insert_updates(t)
         add(self.model[bucket], t)
 
+    @rule(bucket=BUCKETS, looked=st.lists(KEYS, max_size=6), keys=st.lists(KEYS, max_size=6),
+          rows=st.lists(st.tuples(VALS, st.integers(-2, 2)), max_size=8))
+    def replace(self, bucket, looked, keys, rows):
+        """A kernel's complete new rows for keys (replace_rows): those it looked up first are
+        stored as they are; any other falls back to a retraction plus an insertion."""
+        lsm = self.lsm(bucket)
+        lsm.lookup_many(pa.array(looked, pa.binary()))
+        ks = sorted(set(keys))
+        new = {}
+        for i, (v, w) in enumerate(rows):
+            if ks and w:
+                new[(ks[i % len(ks)], v)] = w
+        t = zset([k for k, _ in new], [v for _, v in new], list(new.values()))
+        lsm.replace_rows(pa.array(ks, pa.binary()), t)
+        for kv in [kv for kv in self.model[bucket] if kv[0] in set(ks)]:
+            del self.model[bucket][kv]
+        add(self.model[bucket], t)
+
     @rule()
     def write_and_checkpoint(self):
         self.env.commit(list(self.open.values()))

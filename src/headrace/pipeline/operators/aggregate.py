@@ -32,7 +32,7 @@ from headrace.errors import FormatError, InvalidInput
 from headrace.pipeline import keys
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import accumulators, exactsum
-from headrace.pipeline.operators.base import ArithmeticOverflow, StateSpine
+from headrace.pipeline.operators.base import ArithmeticOverflow, StateSpine, replace_rows
 from headrace.pipeline.operators.multisets import distinct_steps, extreme
 from headrace.pipeline.operators.zset import (
     align,
@@ -249,8 +249,9 @@ class AggregateKernel:
             vis_old = has_old
         self._check_overflow(new, changed & vis_new, gkeys)
 
-        out_old = self._outputs(olds, gkeys)
-        out_new = self._outputs(new, gkeys)
+        groups = self.group_codec.decode(gkeys).columns if self.by else []  # decoded once
+        out_old = self._outputs(olds, gkeys, groups)
+        out_new = self._outputs(new, gkeys, groups)
         same = np.asarray(pc.equal(self.out_codec.encode(out_old),
                                    self.out_codec.encode(out_new)).to_numpy(
             zero_copy_only=False), bool)
@@ -258,12 +259,15 @@ class AggregateKernel:
         emit_old = changed & vis_old & ~both
         emit_new = changed & vis_new & ~both
 
+        if updates:  # min/max multisets, distinct values: keys of their own sections
+            state.insert_updates(pa.concat_tables(updates))
+        # each changed group's accumulator row replaces its old one (one row per group)
         retract, insert = changed & has_old, changed & keep_new
-        updates.append(zset(uniq.filter(pa.array(retract)),
-                            old_bytes.filter(pa.array(retract)), fill(int(retract.sum()), -1)))
-        updates.append(zset(uniq.filter(pa.array(insert)),
-                            new_bytes.filter(pa.array(insert)), fill(int(insert.sum()), 1)))
-        state.insert_updates(pa.concat_tables(updates))
+        replace_rows(state, uniq.filter(pa.array(changed)),
+                     zset(uniq.filter(pa.array(retract)), old_bytes.filter(pa.array(retract)),
+                          fill(int(retract.sum()), 1)),
+                     zset(uniq.filter(pa.array(insert)), new_bytes.filter(pa.array(insert)),
+                          fill(int(insert.sum()), 1)))
 
         parts = []
         for rows, mask, sign in ((out_old, emit_old, -1), (out_new, emit_new, 1)):
@@ -341,8 +345,10 @@ class AggregateKernel:
                     "Spark in ANSI mode raises here too (ARITHMETIC_OVERFLOW / "
                     "NUMERIC_VALUE_OUT_OF_RANGE); cast the column to a wider type to sum it")
 
-    def _outputs(self, acc: dict, gkeys: pa.Array) -> pa.Table:
-        cols = list(self.group_codec.decode(gkeys).columns) if self.by else []
+    def _outputs(self, acc: dict, gkeys: pa.Array, groups: list | None = None) -> pa.Table:
+        if groups is None:
+            groups = self.group_codec.decode(gkeys).columns if self.by else []
+        cols = list(groups)
         for j, kind in enumerate(self.kinds):
             f = self.output_schema.field(len(self.by) + j)
             if kind == "count_star":

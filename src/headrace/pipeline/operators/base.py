@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace.errors import HeadraceError
 
@@ -34,6 +35,20 @@ class StateSpine(Protocol):
 
     def insert_updates(self, updates: pa.Table) -> None:
         """Add a Z-set delta (key, val, w) (ZSET_SCHEMA); it is visible to later lookups."""
+
+
+def replace_rows(state: StateSpine, keys: pa.Array, old: pa.Table, new: pa.Table) -> None:
+    """The complete rows of ``keys`` (distinct, each looked up in ``state``: ``old`` holds
+    what ``lookup_many`` returned for them) become ``new`` (consolidated, keys of ``keys``
+    only). A state that can store that as it is (``replace_rows``: the reservoir's, one
+    replacing row per key, no consolidation of old against new) does; any other gets the
+    same change as the retraction of ``old`` plus ``new``."""
+    replace = getattr(state, "replace_rows", None)
+    if replace is not None:
+        replace(keys, new)
+        return
+    retract = old.set_column(2, "w", pc.negate(old.column("w")))
+    state.insert_updates(pa.concat_tables([retract, new]))
 
 
 class Kernel(Protocol):

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from headrace.errors import InvalidInput
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.cache import PAGES
-from headrace.pipeline.state.changes import Changes
+from headrace.pipeline.state.changes import Changes, replaced_by
 from headrace.pipeline.state.layout import (
     KIND_DATA,
     KIND_REPLACE,
@@ -312,6 +312,12 @@ class BucketLSM:
         self._check_open()
         self._changes.insert(updates)
 
+    def replace_rows(self, keys, rows: pa.Table) -> None:
+        """The complete rows of ``keys`` are now ``rows`` (operators.base.replace_rows)."""
+        self._check_open()
+        if not self._changes.replace(keys, rows):
+            self._changes.insert(replaced_by(self.lookup_many(keys), rows))
+
     def delete_keys(self, keys) -> None:
         """Drop every row of ``keys`` (all values, whatever their weights): rows inserted
         before this call and all persisted rows. Written as markers of a replacing run."""
@@ -328,7 +334,7 @@ class BucketLSM:
     @property
     def changed(self) -> bool:
         c = self._changes
-        return bool(c.pending) or (
+        return c.any or (
             (c.deleted is not None or bool(c.ranges)) and bool(self.root.runs))
 
     # -- write -----------------------------------------------------------------------------------

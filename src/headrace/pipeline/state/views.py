@@ -35,10 +35,20 @@ class RunView:
         key = self.table.column("key").chunk(0)
         self.width = fixed_width(key)
         self.keys = as_fixed(key, self.width) if self.width else None
+        # keys of one width that share all but their last 8 bytes (an aggregate's group
+        # keys: a section tag, a null flag, a long) are searched as integers: numpy's binary
+        # search over uint64 is several times faster than over S{k} byte strings
+        self.prefix, self.ints = None, None
+        if self.keys is not None and len(self.keys):
+            rows = self.keys.view(np.uint8).reshape(-1, self.width)
+            differ = np.flatnonzero(rows[0] != rows[-1])  # sorted: shared by all iff by these
+            common = int(differ[0]) if len(differ) else self.width
+            if self.width - common <= 8:
+                self.prefix, self.ints = rows[0, :common].copy(), suffix_ints(rows, common)
 
     @property
     def nbytes(self) -> int:
-        return self.table.nbytes
+        return self.table.nbytes + (0 if self.ints is None else self.ints.nbytes)
 
     def match(self, probe: pa.Array, width: int, fixed: np.ndarray | None) -> pa.Table:
         """Rows whose key is one of ``probe`` (sorted distinct keys; ``fixed`` its S{width}
@@ -50,6 +60,20 @@ class RunView:
             if len(probe) == 0:
                 return empty_zset()
             fixed = as_fixed(probe, self.width)
-        lo = np.searchsorted(self.keys, fixed, side="left")
-        hi = np.searchsorted(self.keys, fixed, side="right")
+        keys, needles = self.keys, fixed
+        if self.ints is not None:
+            rows = fixed.view(np.uint8).reshape(-1, self.width)
+            cut = len(self.prefix)
+            mine = (rows[:, :cut] == self.prefix).all(axis=1)  # others cannot match
+            keys, needles = self.ints, suffix_ints(rows[mine], cut)
+        lo = np.searchsorted(keys, needles, side="left")
+        hi = np.searchsorted(keys, needles, side="right")
         return self.table.take(pa.array(expand_ranges(lo, hi)))
+
+
+def suffix_ints(rows: np.ndarray, cut: int) -> np.ndarray:
+    """Each row's bytes from ``cut`` on (at most 8) as a big-endian unsigned integer: for
+    rows of one width, integer order is byte order."""
+    out = np.zeros((len(rows), 8), np.uint8)
+    out[:, 8 - (rows.shape[1] - cut):] = rows[:, cut:]
+    return out.view(">u8").ravel().astype(np.uint64)

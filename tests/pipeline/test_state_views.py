@@ -1,0 +1,59 @@
+"""A run view's lookup (state/views.py) against a plain membership filter: keys of one width
+with a shared prefix are searched as integers, any other keys as byte strings; both must
+return exactly the rows whose key is probed, in the run's order."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headrace.pipeline.state.views import RunView
+from headrace.pipeline.state.zset import as_fixed, fixed_width
+
+BYTES = st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF])
+
+
+@st.composite
+def run_and_probe(draw):
+    width = draw(st.sampled_from([1, 2, 8, 9, 10, 17]))
+    shared = bytes(draw(st.lists(BYTES, max_size=width, min_size=0)))[:width]
+
+    def key():
+        tail = draw(st.lists(BYTES, min_size=width - len(shared), max_size=width - len(shared)))
+        return shared + bytes(tail)
+
+    keys = sorted(set(draw(st.lists(st.builds(key), min_size=1, max_size=30))))
+    rows = sorted(keys + draw(st.lists(st.sampled_from(keys), max_size=5)))  # repeated keys
+    others = draw(st.lists(st.lists(BYTES, min_size=width, max_size=width).map(bytes),
+                           max_size=5))  # outside the shared prefix too
+    probe = sorted(set(draw(st.lists(st.sampled_from(keys), max_size=10)) + others))
+    return width, rows, probe
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_and_probe())
+def test_view_lookup_returns_exactly_the_probed_rows(case):
+    width, rows, probe = case
+    n = len(rows)
+    t = pa.table({"key": pa.array(rows, pa.binary()),
+                  "val": pa.array([i.to_bytes(2, "big") for i in range(n)], pa.binary()),
+                  "w": pa.array([1] * n, pa.int64())})
+    view = RunView([t])
+    p = pa.array(probe, pa.binary())
+    w = fixed_width(p)
+    got = view.match(p, w, as_fixed(p, w) if w else None)
+    wanted = set(probe)
+    assert got.column("val").to_pylist() == [v for k, v in zip(rows, t.column("val").to_pylist(),
+                                                               strict=True) if k in wanted]
+
+
+def test_group_keys_are_searched_as_integers():
+    keys = [b"\x00\x01" + i.to_bytes(8, "big") for i in range(0, 3000, 3)]
+    t = pa.table({"key": pa.array(keys, pa.binary()), "val": pa.array([b""] * len(keys)),
+                  "w": pa.array([1] * len(keys), pa.int64())})
+    view = RunView([t])
+    assert view.ints is not None and len(view.prefix) == 8  # all keys < 2**16
+    p = pa.array([b"\x00\x01" + i.to_bytes(8, "big") for i in (0, 1, 2997, 2999)], pa.binary())
+    got = view.match(p, 10, as_fixed(p, 10))
+    assert got.column("key").to_pylist() == [keys[0], keys[-1]]
