@@ -203,6 +203,53 @@ def test_file_stream_equals_batch_sql_then_start_adds_only_new_files(spark, tmp_
     _assert_equal(p4, spark, folder, users)  # nothing was appended or processed twice
 
 
+def test_append_sink_behind_an_inner_join_of_two_streams_equals_batch_sql(spark, tmp_path):
+    """Tables read from Spark streams are insert-only (the ingest writes weight 1), so an
+    inner join of two of them — and a distinct of a stream — may feed an append sink: every
+    shard row is an insertion (diff > 0: equal rows count as one with their multiplicity),
+    and the shard equals Spark batch SQL after each run."""
+    from headrace.pipeline.runner import Pipeline
+    from headrace.testing.queries import rows_equal
+
+    root, a, b = str(tmp_path / "store"), tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    p = Pipeline(spark, root, name="app", partitions=2, buckets=4,
+                 checkpoint_dir=str(tmp_path / "ck"))
+    left = p.read_stream(_stream(spark, a), "left")
+    right = p.read_stream(spark.readStream.schema("user long, label string, day date")
+                          .parquet(str(b)), "right")
+    left.select("user", "price", "label").join(right, on=["user", "label"]) \
+        .write_shard("pairs", mode="append")
+    right.select("user", "day").distinct().write_shard("days", mode="append")
+    with pytest.raises(InvalidInput, match="insert-only rows"):  # a left join may retract
+        left.select("user", "price").join(right, on="user", how="left") \
+            .write_shard("padded", mode="append")
+    with pytest.raises(InvalidInput, match="insert-only rows"):  # a queue may retract
+        p.read_queue("users").table("u", "user long").join(left.select("user"), on="user") \
+            .write_shard("from_queue", mode="append")
+
+    def right_rows(no: int) -> pa.Table:
+        rows = [r for r in _rows(no) if r["user"] is not None or no == 1]
+        return pa.table({"user": [r["user"] for r in rows], "label": [r["label"] for r in rows],
+                         "day": [r["day"] for r in rows]})
+
+    for run, files in enumerate([(0, 1), (2,)]):
+        for i in files:
+            _write_file(a, i)
+            pq.write_table(right_rows(i), b / f"part-{i:03d}.parquet")
+        p.run(until_idle=True, max_runs=1)
+        lb = spark.read.schema(DDL).parquet(str(a))
+        rb = spark.read.schema("user long, label string, day date").parquet(str(b))
+        want = {"pairs": lb.select("user", "price", "label").join(rb, on=["user", "label"]),
+                "days": rb.select("user", "day").distinct()}
+        for shard, df in want.items():
+            got = p.read_shard(shard)
+            assert min(got["diff"].to_pylist()) > 0, (shard, run)  # insertions only
+            ok, why = rows_equal(got, df.toArrow())
+            assert ok, f"{shard} after run {run}: {why}"
+
+
 @pytest.fixture(params=["local", "s3"])
 def root(request, tmp_path) -> str:
     """The store the ingest's CAS and Create puts meet: a folder, and S3 (moto)."""

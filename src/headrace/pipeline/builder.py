@@ -41,6 +41,19 @@ def _behind_maps(node: Node) -> Node:
     return node
 
 
+def _insert_only(node: Node) -> bool:
+    """Whether ``node`` only ever emits insertions: stateless steps, unions, inner joins,
+    distincts and sink stages over insert-only tables (read_stream's). Each of its rows is
+    then final when it is emitted, so an append sink may take it as it comes."""
+    if isinstance(node, SourceTable):
+        return node.insert_only
+    if isinstance(node, Operator):
+        ok = (node.kind in ("distinct", "identity")
+              or (node.kind == "join" and node.params.get("how") == "inner"))
+        return ok and all(_insert_only(i) for i in node.inputs)
+    return bool(node.inputs) and all(_insert_only(i) for i in node.inputs)  # Map, Union
+
+
 def _upstream_operators(node: Node) -> list[Operator]:
     """The operators whose output reaches ``node``'s inputs through stateless steps."""
     out, todo = [], list(node.inputs)
@@ -121,6 +134,7 @@ class PipelineBuilder:
         if queue in self.queues:
             raise InvalidInput(f"stream {name!r} is read already")
         frame = self.read_queue(queue, {name: schema})[name]
+        frame.node.insert_only = True  # the ingest writes every row with weight 1
         self.streams.append(StreamIngest(df, url=self.root, store=self.store, queue=queue,
                                          table=name, schema=schema, checkpoint=checkpoint))
         return frame
@@ -281,7 +295,9 @@ class PipelineBuilder:
             raise InvalidInput(f"shard {shard!r}: start must be 'now', 'history' or None, "
                                f"got {start!r}")
         final = _behind_maps(node)  # filters and projections of final rows are final rows
-        if mode == "append":
+        if mode == "append" and _insert_only(node):
+            pass  # every row is final when it comes: the changes are the appended rows
+        elif mode == "append":
             if not (isinstance(final, Operator) and final.expiry
                     and (final.kind in ("aggregate", "session") or "interval" in final.params)):
                 raise InvalidInput(f"shard {shard!r}: mode='append' needs an aggregate grouped "
@@ -289,7 +305,9 @@ class PipelineBuilder:
                                    "session window of that column) or an interval join of two "
                                    "watermarked time columns: only their rows become final (an "
                                    "equi-join's rows do not: a later match or padding change "
-                                   "may follow); use 'update'")
+                                   "may follow), or insert-only rows (stateless steps, inner "
+                                   "joins and distincts of tables read with read_stream; a "
+                                   "queue's entries may retract); use 'update'")
             later = [n.name for n in self.nodes if isinstance(n, Operator) and n.expiry
                      and final in _upstream_operators(n)]
             if later:

@@ -134,6 +134,9 @@ class Node:
 class SourceTable(Node):
     queue: str = ""
     table: str = ""
+    # only insertions ever arrive (read_stream's internal queue: the ingest writes weight 1);
+    # a queue's entries may carry any weight. Not part of the digests: it follows the queue
+    insert_only: bool = False
 
 
 @dataclass(eq=False)
