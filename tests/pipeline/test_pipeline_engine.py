@@ -230,3 +230,24 @@ def test_run_until_idle_starts_no_query_only_to_find_the_queue_empty(spark, tmp_
     finally:
         spark.streams.removeListener(starts)
     assert p.read_shard("out").sort_by("k")["k"].to_pylist() == [1, 2, 9]
+
+
+def test_each_task_gets_a_contiguous_even_range_of_buckets(spark):
+    """Spark hash-partitions the shuffle key; the key ``task_of_bucket`` gives each bucket
+    lands it in task b * n // B, so no task holds more than one bucket above another (by
+    bucket number 32 buckets went 12 and 20 over 2 tasks). Our Murmur3 is Spark's hash()."""
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline.job import spark_murmur3_int, task_of_bucket
+    from headrace.pipeline.names import BUCKET
+
+    values = [0, 1, -1, 42, 2**31 - 1, -2**31, *range(100, 4000, 37)]
+    got = spark.createDataFrame([(v,) for v in values], "v int") \
+        .select("v", F.hash("v").alias("h")).collect()
+    assert {r.v: r.h for r in got} == {v: spark_murmur3_int(v) for v in values}
+    for buckets, n in [(32, 2), (32, 3), (7, 4), (64, 8), (3, 5)]:
+        df = spark.range(buckets).select(F.col("id").cast("int").alias(BUCKET)) \
+            .repartition(n, task_of_bucket(buckets, n)) \
+            .select(BUCKET, F.spark_partition_id().alias("task"))
+        placed = {r[BUCKET]: r.task for r in df.collect()}
+        assert placed == {b: b * n // buckets for b in range(buckets)}, (buckets, n)

@@ -112,7 +112,7 @@ def build(p, ops: list[Operator], entries_df):
     ``headrace.batch``)."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.job import bucket_expr
+    from headrace.pipeline.job import bucket_expr, task_of_bucket
 
     decoder = p._decoder()
     first = ops[0]
@@ -139,7 +139,7 @@ def build(p, ops: list[Operator], entries_df):
         if i:
             rows = rows.withColumn(BUCKET, bucket_expr(op.bucket_columns[0], p.buckets))
         if op.state_sides:  # rows of one key meet their state in one task
-            rows = rows.repartition(p.partitions, BUCKET)
+            rows = rows.repartition(p.partitions, task_of_bucket(p.buckets, p.partitions))
         out = stage_schema(op.schema) if i < len(ops) - 1 else CONTROL_SCHEMA
         if i:
             task = chained_task(i, out)
