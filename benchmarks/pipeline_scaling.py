@@ -38,9 +38,9 @@ Also measured, each in fresh processes:
   the same way (spark_baseline._measure_recovery).
 
 Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
-about an hour on 2 cores); quick: ``--quick`` (250k and 1M keys; 6.8-8.3 minutes at 100k-row
-deltas on this machine in session 12, over the issue's 6: the recovery and driver-RSS children,
-each a fresh JVM, take half of it).
+about an hour on 2 cores); quick: ``--quick`` (250k and 1M keys; 6.7-7.2 minutes at 100k-row
+deltas on this machine in session 13, over the issue's 6: the recovery and driver-RSS children,
+each a fresh JVM, take 2 of them, Spark at P=200 (3 steady batches in quick mode) nearly 1).
 
 Capacity: ``python benchmarks/pipeline_scaling.py --capacity N`` (e.g. 50000000) loads N keys
 (1M-row micro-batches), then runs 100k-row deltas, in a fresh driver whose Python workers are
