@@ -207,7 +207,9 @@ def task_of_bucket(buckets: int, partitions: int):
         while spark_murmur3_int(v) % partitions != want:
             v += buckets  # distinct per bucket; ~partitions tries
         keys.append(v)
-    return F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(BUCKET) + F.lit(1))
+    # one expression from SQL text: one Python->JVM call, where 32 literals cost 35 (the
+    # per-batch job builds it every batch)
+    return F.expr(f"element_at(array({', '.join(map(str, keys))}), `{BUCKET}` + 1)")
 
 
 def spark_murmur3_int(value: int, seed: int = 42) -> int:

@@ -46,9 +46,14 @@ def replace_rows(state: StateSpine, keys: pa.Array, old: pa.Table, new: pa.Table
     replace = getattr(state, "replace_rows", None)
     if replace is not None:
         replace(keys, new)
-        return
-    retract = old.set_column(2, "w", pc.negate(old.column("w")))
-    state.insert_updates(pa.concat_tables([retract, new]))
+    else:
+        state.insert_updates(replaced_by(old, new))
+
+
+def replaced_by(current: pa.Table, new: pa.Table) -> pa.Table:
+    """The Z-set change that turns rows ``current`` into ``new`` (both ZSET_SCHEMA): the
+    retraction of the one plus the other."""
+    return pa.concat_tables([current.set_column(2, "w", pc.negate(current.column("w"))), new])
 
 
 class Kernel(Protocol):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headrace.pipeline.operators.base import replaced_by
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.resolve import concat, markers, sort_rows, split_changes
 from headrace.pipeline.state.zset import (
@@ -43,18 +44,17 @@ class Changes:
         """Whether rows are waiting to be written (inserted or replacing)."""
         return bool(self.pending or self.replaced)
 
-    def replace(self, keys, rows: pa.Table) -> bool:
+    def replace(self, keys, rows: pa.Table, lookup) -> None:
         """The complete rows of ``keys`` (distinct) are now ``rows`` (a consolidated Z-set of
-        those keys only, any order): stored as they are when every key was looked up and
-        nothing pending or deleted meets them (True). Otherwise nothing is stored (False)
-        and the caller changes them as the retraction of a lookup plus ``rows``
-        (``replaced_by``)."""
+        those keys only, any order). Stored as they are when every key was looked up and
+        nothing pending or deleted meets them; otherwise as the retraction of what
+        ``lookup(keys)`` (the spine's ``lookup_many``) returns now, plus ``rows``."""
         keys = binary_keys(keys, "replaced keys")
         rows = check_zset(rows, "replacing rows")
         if rows.num_rows and not pc.all(pc.is_in(rows.column("key"), value_set=keys)).as_py():
             raise ValueError("replacing rows hold a key that is not replaced")
         if len(keys) == 0:
-            return True
+            return
         probed = pa.concat_arrays(self._probes) if self._probes else None
         fast = (probed is not None and self.deleted is None and not self.ranges
                 and pc.all(pc.is_in(keys, value_set=probed)).as_py()
@@ -64,22 +64,27 @@ class Changes:
                             for k, _ in self.replaced))
         if fast:
             self.replaced.append((keys, rows))
-        return bool(fast)
+        else:
+            self.insert(replaced_by(lookup(keys), rows))
+
+    def _found_once(self) -> pa.Table:
+        """Every persisted row the lookups read, each key's from its first lookup (a key
+        looked up twice counts once)."""
+        founds = self._found[:1]
+        for i in range(1, len(self._found)):
+            seen = pa.concat_arrays(self._probes[:i])
+            f = self._found[i]
+            founds.append(f.filter(pc.invert(pc.is_in(f.column("key"), value_set=seen))))
+        return concat([empty_zset(), *founds])
 
     def _found_of(self, keys: pa.Array) -> pa.Table:
-        """The persisted rows the lookups read for ``keys`` (each key's first lookup)."""
-        founds, seen = [], None
-        for probe, found in zip(self._probes, self._found, strict=True):
-            mine = pc.is_in(found.column("key"), value_set=keys)
-            if seen is not None:
-                mine = pc.and_(mine, pc.invert(pc.is_in(found.column("key"), value_set=seen)))
-            founds.append(found.filter(mine))
-            seen = probe if seen is None else pa.concat_arrays([seen, probe])
-        return concat([empty_zset(), *founds])
+        """The persisted rows the lookups read for ``keys``."""
+        found = self._found_once()
+        return found.filter(pc.is_in(found.column("key"), value_set=keys))
 
     def _as_changes(self) -> list[pa.Table]:
         """The replacements as the retraction of their found rows plus their rows."""
-        return [concat([_negated(self._found_of(keys)), rows]) for keys, rows in self.replaced]
+        return [replaced_by(self._found_of(keys), rows) for keys, rows in self.replaced]
 
     def _materialise(self) -> None:
         """Replacements become pending changes (before a change that may meet them)."""
@@ -154,12 +159,7 @@ class Changes:
         known = state = None
         if self._probes:
             known = distinct_sorted_keys(pa.concat_arrays(self._probes))
-            founds = [self._found[0]]
-            for i in range(1, len(self._found)):  # a key looked up twice counts once
-                seen = pa.concat_arrays(self._probes[:i])
-                f = self._found[i]
-                founds.append(f.filter(pc.invert(pc.is_in(f.column("key"), value_set=seen))))
-            state = self.drop_deleted(concat(founds))
+            state = self.drop_deleted(self._found_once())
         return split_changes(pending, known, state if state is not None else empty_zset(),
                              self.deleted)
 
@@ -183,11 +183,3 @@ class Changes:
     def clear(self) -> None:
         self.__init__()
 
-
-def replaced_by(current: pa.Table, rows: pa.Table) -> pa.Table:
-    """The change that makes keys whose rows are ``current`` hold ``rows`` instead."""
-    return concat([_negated(check_zset(current)), check_zset(rows, "replacing rows")])
-
-
-def _negated(t: pa.Table) -> pa.Table:
-    return t.set_column(2, "w", pc.negate(t.column("w")))

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from headrace.errors import InvalidInput
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.cache import PAGES
-from headrace.pipeline.state.changes import Changes, replaced_by
+from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.layout import (
     KIND_DATA,
     KIND_REPLACE,
@@ -315,8 +315,7 @@ class BucketLSM:
     def replace_rows(self, keys, rows: pa.Table) -> None:
         """The complete rows of ``keys`` are now ``rows`` (operators.base.replace_rows)."""
         self._check_open()
-        if not self._changes.replace(keys, rows):
-            self._changes.insert(replaced_by(self.lookup_many(keys), rows))
+        self._changes.replace(keys, rows, self.lookup_many)
 
     def delete_keys(self, keys) -> None:
         """Drop every row of ``keys`` (all values, whatever their weights): rows inserted

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import FormatError
-from headrace.pipeline.state.changes import Changes, replaced_by
+from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.lsm import BucketLSM, WriteStats
 from headrace.pipeline.state.resolve import concat, live
 from headrace.pipeline.state.zset import (
@@ -111,8 +111,7 @@ class TaskState:
 
     def replace_rows(self, keys, rows: pa.Table) -> None:
         """The complete rows of ``keys`` are now ``rows`` (operators.base.replace_rows)."""
-        if not self._changes.replace(keys, rows):
-            self._changes.insert(replaced_by(self.lookup_many(keys), rows))
+        self._changes.replace(keys, rows, self.lookup_many)
 
     def delete_keys(self, keys) -> None:
         self._changes.delete(keys)
