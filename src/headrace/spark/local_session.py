@@ -36,6 +36,8 @@ def session(app_name: str = "headrace", master: str = "local[2]", *,
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stopTimeout", "30s")
          .config("spark.python.worker.reuse", "true")
+         # workers forked with PySpark loaded, from its bytecode (worker_daemon.py)
+         .config("spark.python.daemon.module", "headrace.spark.worker_daemon")
          # PySpark otherwise records the Python call site of every DataFrame call (several
          # JVM round trips each): a pipeline builds hundreds of them per micro-batch
          .config("spark.python.sql.dataFrameDebugging.enabled", "false"))
