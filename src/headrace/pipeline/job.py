@@ -7,7 +7,7 @@ whole graph as one Spark job. Only those control rows reach the driver.
 
 from __future__ import annotations
 
-from functools import reduce
+from functools import lru_cache, reduce
 
 import pyarrow as pa
 
@@ -201,15 +201,23 @@ def task_of_bucket(buckets: int, partitions: int):
 
     if partitions <= 1 or buckets <= 1:
         return F.col(BUCKET)
+    # one expression from SQL text: one Python->JVM call, where 32 literals cost 35 (the
+    # per-batch job builds it every batch)
+    keys = ", ".join(map(str, _bucket_shuffle_keys(buckets, partitions)))
+    return F.expr(f"element_at(array({keys}), `{BUCKET}` + 1)")
+
+
+@lru_cache(maxsize=16)
+def _bucket_shuffle_keys(buckets: int, partitions: int) -> tuple[int, ...]:
+    """Per bucket b, a key value (distinct per bucket) that Spark's hash partitioning sends to
+    task ``b * partitions // buckets``: ~partitions tries per bucket, once per shape."""
     keys = []
     for b in range(buckets):
         want, v = b * partitions // buckets, b
         while spark_murmur3_int(v) % partitions != want:
-            v += buckets  # distinct per bucket; ~partitions tries
+            v += buckets
         keys.append(v)
-    # one expression from SQL text: one Python->JVM call, where 32 literals cost 35 (the
-    # per-batch job builds it every batch)
-    return F.expr(f"element_at(array({', '.join(map(str, keys))}), `{BUCKET}` + 1)")
+    return tuple(keys)
 
 
 def spark_murmur3_int(value: int, seed: int = 42) -> int:

@@ -77,14 +77,16 @@ class Changes:
             founds.append(f.filter(pc.invert(pc.is_in(f.column("key"), value_set=seen))))
         return concat([empty_zset(), *founds])
 
-    def _found_of(self, keys: pa.Array) -> pa.Table:
-        """The persisted rows the lookups read for ``keys``."""
-        found = self._found_once()
+    def _found_of(self, keys: pa.Array, found: pa.Table | None = None) -> pa.Table:
+        """The persisted rows the lookups read for ``keys`` (out of ``found``, the
+        ``_found_once`` of a caller that asks for several key sets)."""
+        found = self._found_once() if found is None else found
         return found.filter(pc.is_in(found.column("key"), value_set=keys))
 
     def _as_changes(self) -> list[pa.Table]:
         """The replacements as the retraction of their found rows plus their rows."""
-        return [replaced_by(self._found_of(keys), rows) for keys, rows in self.replaced]
+        found = self._found_once()
+        return [replaced_by(self._found_of(keys, found), rows) for keys, rows in self.replaced]
 
     def _materialise(self) -> None:
         """Replacements become pending changes (before a change that may meet them)."""
