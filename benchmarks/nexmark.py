@@ -40,12 +40,16 @@ time after the first batch (Spark: ``triggerExecution`` of its progress reports)
 Sizes: quick (``--quick``): 200k events at 1,000 events/s of event time (200 s: 20 tumbling
 windows), 4 batches of 50k. Full: 10M events at 10,000 events/s (1,000 s), 40 batches of 250k.
 Run: ``python benchmarks/nexmark.py [--quick] [--queries core|all|q0,q5]`` (default: q0–q8;
-``all`` adds q14–q17 and q20–q22).
+``all`` adds q14–q17 and q20–q22). The full mode takes hours on 2 cores; ``--merge`` runs it in
+parts: the queries run replace theirs in the mode's results file and keep the others' figures
+(only when that file ran the same events, rate and batch size; ``queries_run`` lists what it
+holds, request counts are summed per query).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -55,7 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import report, scratch_dir  # noqa: E402
+from benchlib import RESULTS, report, scratch_dir  # noqa: E402
 from spark_baseline import spark_confs  # noqa: E402
 
 from headrace.nexmark import KINDS, SCHEMAS, Generator, GeneratorConfig  # noqa: E402
@@ -88,6 +92,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="shuffle partitions tried for Spark streaming; the fastest is reported")
     p.add_argument("--no-spark-streaming", action="store_true",
                    help="skip (B); the batch oracle still runs")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other queries' figures of the mode's results file (same "
+                        "events, rate and batch size): a full run done in parts")
     return p.parse_args(argv)
 
 
@@ -263,6 +270,19 @@ def spark_best_p(spark, run: dict, work: Path, candidates: list[int]) -> dict:
 
 # ------------------------------------------------------------------------------------- main
 
+def merged(figures: dict, quick: bool) -> dict:
+    """``figures`` over the figures of the mode's results file, when that file ran the same
+    input (events, rate, batch size): the full mode's hours of queries can run in parts."""
+    path = RESULTS / "quick" / "nexmark.json" if quick else RESULTS / "nexmark.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    same = all(old.get(k) == figures[k] for k in ("events", "rate", "batch_events"))
+    if not same:
+        print(f"  --merge: {path} ran other input; not merged", flush=True)
+        return figures
+    keep = {k: v for k, v in old.items() if k != "quick" and not k.startswith("store_")}
+    return {**keep, **figures}
+
+
 def main(argv=None) -> None:
     args = parse(argv)
     sizes = dict(SIZES["quick" if args.quick else "full"])
@@ -285,7 +305,6 @@ def main(argv=None) -> None:
     spark_ps = [int(x) for x in args.spark_partitions.split(",") if x.strip()]
     figures: dict = {"events": sizes["events"], "rate": sizes["rate"],
                      "batch_events": sizes["batch_events"], "partitions": args.partitions}
-    counts = {"driver_requests": 0, "task_requests": 0}
     notes: dict[str, str] = dict(NOT_EXPRESSIBLE)
     with scratch_dir("nexmark") as work:
         seed_root = work / "queue"
@@ -331,8 +350,8 @@ def main(argv=None) -> None:
                 f"{name}_state_stored_bytes_end": h["state_stored_bytes_end"],
                 f"{name}_late_rows": h["late_rows"],
             })
-            counts["driver_requests"] += h["driver_requests"]
-            counts["task_requests"] += h["task_requests"]
+            figures[f"{name}_driver_requests"] = h["driver_requests"]
+            figures[f"{name}_task_requests"] = h["task_requests"]
             if QUERIES[name].windowed:
                 figures[f"{name}_state_end_over_mid"] = (h["state_bytes_end"]
                                                          / max(h["state_bytes_mid"], 1))
@@ -355,8 +374,14 @@ def main(argv=None) -> None:
             else:
                 notes[f"{name} (Spark streaming)"] = s["reason"]
             shutil.rmtree(qwork, ignore_errors=True)
+    if args.merge:
+        figures = merged(figures, args.quick)
     figures["queries_equal_to_spark_batch"] = sum(figures.get(f"{q}_equal_to_spark_batch", 0)
                                                   for q in CORE)
+    figures["queries_run"] = ",".join(q for q in QUERIES
+                                      if f"{q}_equal_to_spark_batch" in figures)
+    counts = {what: sum(figures.get(f"{q}_{what}", 0) for q in QUERIES)
+              for what in ("driver_requests", "task_requests")}
     report("nexmark", figures, args, counts)
     for what, why in notes.items():
         print(f"  note {what}: {why}")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from headrace.pipeline import workers
+from headrace.pipeline.state import cache
 from headrace.pipeline.state.cache import budget_bytes
 
 
@@ -24,6 +25,23 @@ def test_cache_budgets_follow_the_workers_memory_cap(monkeypatch):
     assert budget_bytes("HEADRACE_PAGE_CACHE_MB", 256, 1 / 8) == 128 << 20
     monkeypatch.setenv("HEADRACE_STATE_CACHE_MB", "64")  # the user's word wins
     assert workers.reader_options().max_cache_size_bytes == 64 << 20
+
+
+def test_decoded_page_cache_defaults_to_a_share_of_the_machine_per_worker(monkeypatch):
+    """Without a cap: a quarter of the machine's memory over one worker per core, so a state
+    whose run views fit stays decoded between batches; never below 256 MiB nor above 4 GiB."""
+    def machine(gib: int, cores: int) -> int:
+        pages = {"SC_PHYS_PAGES": gib << 18, "SC_PAGE_SIZE": 4096}
+        monkeypatch.setattr(cache.os, "sysconf", lambda name: pages[name])
+        monkeypatch.setattr(cache.os, "cpu_count", lambda: cores)
+        return cache.machine_share_mb()
+
+    assert machine(64, 8) == 2048
+    assert machine(4, 8) == 256
+    assert machine(1024, 4) == 4096
+    monkeypatch.delenv("HEADRACE_PAGE_CACHE_MB", raising=False)
+    monkeypatch.setenv("PYSPARK_EXECUTOR_MEMORY_MB", "1024")  # a capped worker: the cap rules
+    assert budget_bytes("HEADRACE_PAGE_CACHE_MB", machine(64, 8), 1 / 8) == 128 << 20
 
 
 def test_cache_folders_of_exited_workers_are_removed(tmp_path, monkeypatch):
