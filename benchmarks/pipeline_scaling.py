@@ -128,7 +128,7 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
     p.on_batch = on_batch
     p.run(until_idle=True)
     add_trigger_seconds(p, per_batch)  # Spark's triggerExecution, as Spark's is measured
-    steady = _steady(per_batch, files)
+    steady = _steady(per_batch)
     return {
         "batches": len(per_batch),
         "batch_s_p50": statistics.median(b["trigger_s"] for b in steady),
@@ -144,26 +144,19 @@ def run_headrace(spark, files: list[Path], work: Path, partitions: int) -> dict:
     }
 
 
-def _steady(batches: list, files: list[Path]) -> list:
-    """The batches measured: the last STEADY deltas (or fewer), after the load batches and two
-    warm-up deltas. Until session 15 this was "all but the first three batches", which at 4M
-    and 16M keys (4 and 16 load batches of 1M rows) kept load batches in the median of both
-    engines."""
-    deltas = len(files) - _load_batches(files)
-    measured = max(1, deltas - 2)
-    return batches[-measured:] if len(batches) >= measured else batches[1:] or batches
+def _steady(batches: list, measured: int = STEADY) -> list:
+    """The batches measured: the last ``measured`` deltas (every input ends with two warm-up
+    deltas and then these; ``_write_loads``). Until session 15 this was "all but the first
+    three batches", which at 4M and 16M keys (4 and 16 load batches of 1M rows) kept load
+    batches in the median of both engines."""
+    return batches[-measured:]
 
 
-def _load_batches(files: list[Path]) -> int:
-    """How many of the input files are load batches (they come first and are larger)."""
-    sizes = [f.stat().st_size for f in files]
-    return sum(1 for x in sizes if x > 2 * sizes[-1])
-
-
-def spark_run(spark, input_dir: Path, work: Path, partitions: int) -> dict:
+def spark_run(spark, input_dir: Path, work: Path, partitions: int,
+              measured: int = STEADY) -> dict:
     r = run_spark_rocksdb(spark, input_dir, work, partitions=partitions, changelog=True,
                           recovery=False)
-    steady = _steady(r["_batches"], input_files(input_dir))
+    steady = _steady(r["_batches"], measured)
     return {"batch_s_p50": statistics.median(b["batch_s"] for b in steady),
             "bytes_per_batch": statistics.median(b["checkpoint_bytes"] for b in steady),
             "state_bytes_per_batch": statistics.median(b["state_bytes"] for b in steady)}
@@ -550,8 +543,10 @@ def main() -> None:
             # (and P=8, never the best here, too: 2 and 4 at the smaller size)
             for p in [*ps, 200] if (n == sizes[-1] or not args.quick) else [2, 4]:
                 # quick: P=200 (~7 s a batch here, far from its target) runs 3 steady batches
-                src = _first_files(inp, QUICK_P200_STEADY) if args.quick and p == 200 else inp
-                s_by[n][p] = spark_run(spark, src, work / f"s-{n}-{p}", p)
+                few = args.quick and p == 200
+                src = _first_files(inp, QUICK_P200_STEADY) if few else inp
+                s_by[n][p] = spark_run(spark, src, work / f"s-{n}-{p}", p,
+                                       QUICK_P200_STEADY if few else STEADY)
                 phase(f"{n} keys: Spark P={p} done")
             best = min((p for p in ps if p in s_by[n]), key=lambda p: s_by[n][p]["batch_s_p50"])
             figures.update({
