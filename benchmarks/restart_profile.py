@@ -1,0 +1,148 @@
+"""Where a restart's time goes: the recovery of ``pipeline_scaling.py``, repeated and timed.
+
+``pipeline_scaling.py`` measures one restart (``recovery_ratio_vs_spark_best_p``); one figure
+of a few seconds on a 2-core machine varies by ±15 % from run to run, too little to tell a
+change from noise. This runs the same crash once — a child driver SIGKILLed at the state
+checkpoint of its second batch, over ``--keys`` keys and 100k-row deltas — then restarts a copy
+of the crashed store and Spark checkpoint ``--restarts`` times, each in a fresh driver process
+(SparkSession start excluded, as in pipeline_scaling), and prints each restart's timeline in
+seconds after ``run()`` is called:
+
+- ``recovered`` / ``warm_called`` / ``range_built`` / ``plan_built``: the driver's steps
+  (Pipeline.recover, the worker warm-up's submission call, the interrupted batch's queue range
+  and static plan built);
+- ``job N`` submitted → done, and each stage's first task → done (Spark's REST API; the UI is on
+  in these children only);
+- ``committed``: the first batch committed (the recovery figure).
+
+Run: ``python benchmarks/restart_profile.py [--keys 250000] [--restarts 4]``; no results file
+(a diagnostic: the figures that count are pipeline_scaling's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pipeline_scaling as ps  # noqa: E402
+from benchlib import scratch_dir  # noqa: E402
+from spark_baseline import input_files  # noqa: E402
+
+HERE = Path(__file__).resolve()
+
+
+def _rest_times(spark, t0: float) -> list[str]:
+    """Jobs and stages of this application from Spark's REST API, seconds after ``t0``."""
+    base = spark.sparkContext.uiWebUrl + "/api/v1/applications/" + \
+        spark.sparkContext.applicationId
+
+    def get(path):
+        with urllib.request.urlopen(base + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def at(stamp):
+        if not stamp:
+            return float("nan")
+        when = datetime.strptime(stamp.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+        return when.timestamp() - t0
+
+    lines = []
+    for job in sorted(get("/jobs"), key=lambda j: j["jobId"]):
+        lines.append(f"job {job['jobId']} {job['name'][:40]!r}: submitted "
+                     f"{at(job.get('submissionTime')):.2f}, done {at(job.get('completionTime')):.2f}")
+    for st in sorted(get("/stages"), key=lambda s: s["stageId"]):
+        lines.append(f"  stage {st['stageId']} ({st['numTasks']} tasks): submitted "
+                     f"{at(st.get('submissionTime')):.2f}, first task "
+                     f"{at(st.get('firstTaskLaunchedTime')):.2f}, done "
+                     f"{at(st.get('completionTime')):.2f}")
+    return lines
+
+
+def _child(root: str, ckpt: str, partitions: int) -> None:
+    import headrace.pipeline.job as job
+    import headrace.pipeline.restart as restart
+    import headrace.pipeline.runner as runner
+    import headrace.pipeline.static as static
+    from headrace.pipeline.runner import Pipeline
+    from headrace.testing.spark import local_spark
+
+    spark = local_spark("headrace-restart-profile", master="local[2]",
+                        shuffle_partitions=partitions,
+                        extra={"spark.sql.adaptive.enabled": "false", "spark.driver.memory": "4g",
+                               "spark.ui.enabled": "true"})
+    marks: dict[str, float] = {}
+    t0 = time.time()
+
+    def mark(name, fn):
+        def wrapped(*a, **kw):
+            out = fn(*a, **kw)
+            marks.setdefault(name, time.time() - t0)
+            return out
+        return wrapped
+
+    Pipeline.recover = mark("recovered", Pipeline.recover)
+    Pipeline._range_df = mark("range_built", Pipeline._range_df)
+    runner.warm_workers = mark("warm_called", job.warm_workers)
+    restart.build = mark("plan_built", static.build)
+
+    p = ps._build(spark, root, ckpt, partitions)
+    p.on_batch = lambda info: marks.setdefault("committed", time.time() - t0)
+    p.run(until_idle=True, max_runs=1)
+    print("RESULT " + json.dumps({"marks": marks, "spark": _rest_times(spark, t0)}), flush=True)
+    spark.stop()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--keys", type=int, default=250_000)
+    a.add_argument("--restarts", type=int, default=4)
+    a.add_argument("--partitions", type=int, default=2)
+    args = a.parse_args()
+    with scratch_dir("restart_profile") as work:
+        inp = ps._inputs(work, args.keys, 100_000, "rec")
+        root, ckpt = ps._recovery_dirs(work)
+        ps._produce_files(root, input_files(inp)[:3])
+        crash = ps._spawn(["crash", root, ckpt, str(args.partitions)])
+        if "returncode" not in crash or crash["returncode"] != -9:
+            raise SystemExit(f"the crash child was not SIGKILLed: {crash}")
+        committed = []
+        for i in range(args.restarts):
+            r_root, r_ckpt = work / f"r{i}" / "store", work / f"r{i}" / "ckpt"
+            shutil.copytree(root, r_root, symlinks=True)
+            shutil.copytree(ckpt, r_ckpt, symlinks=True)
+            out = subprocess.run([sys.executable, str(HERE), "--child", str(r_root),
+                                  str(r_ckpt), str(args.partitions)], capture_output=True,
+                                 text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+                                 timeout=900)
+            res = next((json.loads(line[7:]) for line in out.stdout.splitlines()
+                        if line.startswith("RESULT ")), None)
+            if res is None:
+                raise SystemExit(f"restart {i} failed: {out.stderr[-2000:]}")
+            marks = res["marks"]
+            committed.append(marks["committed"])
+            print(f"restart {i}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                               sorted(marks.items(), key=lambda kv: kv[1])))
+            for line in res["spark"]:
+                print("   " + line)
+            shutil.rmtree(work / f"r{i}")
+        print(f"restart -> first batch committed, {args.keys:,} keys: median "
+              f"{statistics.median(committed):.2f} s, all "
+              + ", ".join(f"{c:.2f}" for c in committed))
+
+
+if __name__ == "__main__":
+    main()
