@@ -15,8 +15,10 @@ seconds after ``run()`` is called:
   in these children only);
 - ``committed``: the first batch committed (the recovery figure).
 
-Run: ``python benchmarks/restart_profile.py [--keys 250000] [--restarts 4]``; no results file
-(a diagnostic: the figures that count are pipeline_scaling's).
+Run: ``python benchmarks/restart_profile.py [--keys 250000] [--restarts 4] [--alternate
+NAME=VALUE]``; ``--alternate`` runs every other restart with that environment variable set
+(an A/B of a change behind a switch, on the same crashed state, interleaved so the machine's
+drift hits both). No results file: a diagnostic; the figures that count are pipeline_scaling's.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def main() -> None:
     a.add_argument("--keys", type=int, default=250_000)
     a.add_argument("--restarts", type=int, default=4)
     a.add_argument("--partitions", type=int, default=2)
+    a.add_argument("--alternate", default=None, metavar="NAME=VALUE")
     args = a.parse_args()
     with scratch_dir("restart_profile") as work:
         inp = ps._inputs(work, args.keys, 100_000, "rec")
@@ -119,29 +122,33 @@ def main() -> None:
         crash = ps._spawn(["crash", root, ckpt, str(args.partitions)])
         if "returncode" not in crash or crash["returncode"] != -9:
             raise SystemExit(f"the crash child was not SIGKILLed: {crash}")
-        committed = []
+        committed: dict[str, list[float]] = {}
         for i in range(args.restarts):
+            env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+            variant = "default"
+            if args.alternate and i % 2:
+                name, _, value = args.alternate.partition("=")
+                env[name], variant = value, args.alternate
             r_root, r_ckpt = work / f"r{i}" / "store", work / f"r{i}" / "ckpt"
             shutil.copytree(root, r_root, symlinks=True)
             shutil.copytree(ckpt, r_ckpt, symlinks=True)
             out = subprocess.run([sys.executable, str(HERE), "--child", str(r_root),
                                   str(r_ckpt), str(args.partitions)], capture_output=True,
-                                 text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-                                 timeout=900)
+                                 text=True, env=env, timeout=900)
             res = next((json.loads(line[7:]) for line in out.stdout.splitlines()
                         if line.startswith("RESULT ")), None)
             if res is None:
                 raise SystemExit(f"restart {i} failed: {out.stderr[-2000:]}")
             marks = res["marks"]
-            committed.append(marks["committed"])
-            print(f"restart {i}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+            committed.setdefault(variant, []).append(marks["committed"])
+            print(f"restart {i} ({variant}): " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                sorted(marks.items(), key=lambda kv: kv[1])))
             for line in res["spark"]:
                 print("   " + line)
             shutil.rmtree(work / f"r{i}")
-        print(f"restart -> first batch committed, {args.keys:,} keys: median "
-              f"{statistics.median(committed):.2f} s, all "
-              + ", ".join(f"{c:.2f}" for c in committed))
+        for variant, times in committed.items():
+            print(f"restart -> first batch committed, {args.keys:,} keys, {variant}: median "
+                  f"{statistics.median(times):.2f} s, all " + ", ".join(f"{c:.2f}" for c in times))
 
 
 if __name__ == "__main__":
