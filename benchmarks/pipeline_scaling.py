@@ -39,10 +39,10 @@ Also measured, each in fresh processes:
 
 Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
 34-45 minutes on this 2-core machine in session 15's three runs); quick: ``--quick`` (250k
-and 1M keys; 5.8-6.6 minutes at 100k-row deltas on this machine in session 14, 6.7-7.2
-before). The untimed children (the driver-RSS
-joins and the headrace crash child, each a fresh JVM) run beside the amortised state-bytes
-count, whose figures are bytes; the timed restarts run alone. Spark at P=200 (3 steady batches
+and 1M keys; 5.9 minutes at 100k-row deltas in session 16, 6.6 before that session's change
+below). The untimed children (the driver-RSS joins and the headrace crash child, each a fresh
+JVM) run at once, beside the amortised state-bytes count, whose figures are bytes; the timed
+restarts run alone. Spark at P=200 (3 steady batches
 in quick mode) takes nearly a minute.
 
 Capacity: ``python benchmarks/pipeline_scaling.py --capacity N`` (e.g. 50000000) loads N keys
