@@ -81,12 +81,13 @@ STEADY = 5  # steady micro-batches measured per size (after two warm-up deltas)
 QUICK_P200_STEADY = 3
 
 
-def _spark(partitions: int = 8):
+def _spark(partitions: int = 8, app: str = "headrace-scaling", **conf: str):
+    """The benchmark's session; ``conf``: more settings (restart_profile.py turns the UI on)."""
     from headrace.testing.spark import local_spark
 
-    return local_spark("headrace-scaling", master="local[2]", shuffle_partitions=partitions,
+    return local_spark(app, master="local[2]", shuffle_partitions=partitions,
                        extra={"spark.sql.adaptive.enabled": "false",
-                              "spark.driver.memory": "4g"})
+                              "spark.driver.memory": "4g", **conf})
 
 
 def _build(spark, root: str, ckpt: str, partitions: int, store=None, buckets=None):

@@ -72,17 +72,12 @@ def _rest_times(spark, t0: float) -> list[str]:
 
 
 def _child(root: str, ckpt: str, partitions: int) -> None:
-    import headrace.pipeline.job as job
     import headrace.pipeline.restart as restart
     import headrace.pipeline.runner as runner
-    import headrace.pipeline.static as static
     from headrace.pipeline.runner import Pipeline
-    from headrace.testing.spark import local_spark
 
-    spark = local_spark("headrace-restart-profile", master="local[2]",
-                        shuffle_partitions=partitions,
-                        extra={"spark.sql.adaptive.enabled": "false", "spark.driver.memory": "4g",
-                               "spark.ui.enabled": "true"})
+    # pipeline_scaling's session, with the UI on for its REST API
+    spark = ps._spark(partitions, "headrace-restart-profile", **{"spark.ui.enabled": "true"})
     marks: dict[str, float] = {}
     t0 = time.time()
 
@@ -95,8 +90,8 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
 
     Pipeline.recover = mark("recovered", Pipeline.recover)
     Pipeline._range_df = mark("range_built", Pipeline._range_df)
-    runner.warm_workers = mark("warm_called", job.warm_workers)
-    restart.build = mark("plan_built", static.build)
+    runner.warm_workers = mark("warm_called", runner.warm_workers)
+    restart.build = mark("plan_built", restart.build)
 
     p = ps._build(spark, root, ckpt, partitions)
     p.on_batch = lambda info: marks.setdefault("committed", time.time() - t0)
