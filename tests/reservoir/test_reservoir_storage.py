@@ -337,3 +337,40 @@ def test_reader_following_a_stream_reads_one_checkpoint_per_version(tmp_path, re
         assert back.version == 27 and not back.contains(129)
         assert back.read(27 % 11) == (27).to_bytes(4, "little") * 300
     reader.close()
+
+
+@pytest.mark.parametrize("registry", ["bundled", "file"])
+def test_keep_from_keeps_the_previous_version_readable_across_a_snapshot(any_store, registry):
+    """A writer whose newest checkpoint may be abandoned (the pipeline's, until its progress
+    names it) redoes the work from the version before: that version must stay readable even
+    when the newest is a snapshot, which drops every earlier checkpoint. Without keep_from
+    the reader of v4 fails; with it, v4 (its chain and the file of a page v5 deleted) stays
+    until a later checkpoint no longer keeps it, and is then collected as before."""
+    opts = ReservoirOptions(max_file_size=256 * 1024, snapshot_interval=5, registry=registry)
+    with ReservoirStorage.open(any_store, options=opts) as st:
+        for v in range(1, 5):  # page v written at v, page v-1 deleted at v
+            s = st.session()
+            s.write(v, b"page %d" % v)
+            if v > 1:
+                s.delete(v - 1)
+            s.commit()
+            assert st.checkpoint(keep_from=v - 1) == v
+        s = st.session()
+        s.write(5, b"page 5")
+        s.delete(4)
+        s.commit()
+        assert st.checkpoint(keep_from=4) == 5  # a snapshot
+        with ReservoirReader.open(any_store, version=4, options=opts) as r4:
+            assert r4.read(4) == b"page 4"
+        _fill(st, {6: b"page 6"})
+        assert st.checkpoint(keep_from=5) == 6  # v4 is no longer needed: collected
+        with pytest.raises(Exception, match="not found or no longer retained"):
+            ReservoirReader.open(any_store, version=4, options=opts)
+        with ReservoirReader.open(any_store, version=5, options=opts) as r5:
+            assert r5.read(5) == b"page 5"
+        _fill(st, {7: b"page 7"})
+        assert st.checkpoint() == 7
+    with ReservoirStorage.open(any_store, options=opts) as st:  # recovery reads the new chain
+        assert [st.read(p) for p in (5, 6, 7)] == [b"page 5", b"page 6", b"page 7"]
+        with pytest.raises(PageNotFound):
+            st.read(4)

@@ -106,6 +106,41 @@ def test_crash_at_each_protocol_step_then_restart(spark, tmp_path, expected):
     assert normalize_totals(last.read_shard(OUTPUT_SHARD)) == expected
 
 
+@pytest.mark.parametrize("crash_at", ["progress-cas", "output-cas"])
+def test_a_crash_right_after_a_snapshot_checkpoint_is_recovered(spark, tmp_path, expected,
+                                                                 crash_at):
+    """The reservoir's snapshot checkpoint (every 20th version) drops every earlier one. A
+    crash between it and the progress CAS re-runs the batch from the version before; one
+    between the progress CAS and the output CAS replays the output from it. Both need that
+    version readable after the snapshot (``checkpoint(keep_from=...)``); before, the restart
+    failed: the chain of that version was deleted ("checkpoint 1 not found or no longer
+    retained")."""
+    from headrace.reservoir import ReservoirOptions, ReservoirStorage
+
+    root = str(tmp_path / "store")
+    produce_waves(root, waves=3)
+    interval = ReservoirOptions().snapshot_interval
+    with ReservoirStorage.open(root, stream="demo.state") as st:  # batch 1 writes a snapshot
+        for _ in range(interval - 2):
+            st.checkpoint()
+    ckpt = str(tmp_path / "ckpt")
+    faulty = FaultyStore(LocalStore(root), seed=1)
+    p = build_pipeline(spark, root, partitions=2, checkpoint_dir=ckpt, batches_per_trigger=1,
+                       store=faulty)
+    p.on_batch = lambda info: info["time"] == 0 and faulty.set_faults(
+        fail_calls=[1], verbs={"put"}, keys=CRASH_POINTS[crash_at], retryable=False)
+    with pytest.raises(PipelineError, match="injected fault"):
+        p.run(until_idle=True)
+    with ReservoirStorage.open(root, stream="demo.state") as st:
+        assert st.version == interval  # the snapshot landed
+    moved = str(tmp_path / "moved")  # a new host: no worker has a reader of the old version
+    shutil.copytree(root, moved)
+    last = build_pipeline(spark, moved, partitions=2, checkpoint_dir=ckpt, batches_per_trigger=1)
+    last.run(until_idle=True, max_runs=1)
+    assert last.metrics["replayed_batches"] == (crash_at == "output-cas")
+    assert normalize_totals(last.read_shard(OUTPUT_SHARD)) == expected
+
+
 def test_pipeline_on_s3(spark, s3_url, expected):
     """The same pipeline with every byte on a real S3 endpoint (moto): queue, state, shards."""
     produce_waves(s3_url, waves=2)

@@ -357,7 +357,8 @@ def rescale(p, old: int) -> None:
             session.delete(pid)
         session.commit()
         storage.absorb(runs)
-        version = storage.checkpoint()
+        # a restart may redo (or undo) the rescale from the old version: keep it readable
+        version = storage.checkpoint(keep_from=version)
         _kill_point("after_checkpoint")
     p._graph_bindings()  # the graph rows (set by recover), now with the new layout
     p._graph.layout = layout_digest(new, p.state_backend)

@@ -348,7 +348,9 @@ class Pipeline(PipelineBuilder):
         else:
             storage = self.storage()
             storage.absorb(result["runs"])
-            version = storage.checkpoint()
+            # until the progress names the new version, a restart redoes batch t (and a lagging
+            # output replays it) from prev_version: it stays readable even past a snapshot
+            version = storage.checkpoint(keep_from=prev_version)
         new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
                **self._graph_bindings(), **(marks or {}),
                **event_time_bindings(self.nodes, self.bindings, result["wm"])}

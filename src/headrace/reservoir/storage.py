@@ -313,19 +313,21 @@ class ReservoirStorage(PrometheusExport):
                 self._stats["absorbed_runs"] += 1
 
     # -- checkpoints -----------------------------------------------------------------------
-    def checkpoint(self) -> int:
-        """Make everything committed durable as checkpoint N+1; returns N+1."""
+    def checkpoint(self, *, keep_from: int | None = None) -> int:
+        """Make everything committed durable as checkpoint N+1; returns N+1. ``keep_from``:
+        a retained checkpoint that must stay readable (its chain and files kept) although N+1
+        supersedes it — a caller that may abandon N+1 and redo its work from ``keep_from``."""
         self._check_open()
         with self._ckpt_lock, self._lock:
-            return self._checkpoint_locked()
+            return self._checkpoint_locked(keep_from)
 
-    def _checkpoint_locked(self) -> int:
+    def _checkpoint_locked(self, keep_from: int | None = None) -> int:
         from headrace.reservoir.writeout import write_checkpoint
 
         if self._failure is not None:
             raise ReservoirFailed(f"a previous checkpoint failed ({self._failure}); call reset()")
         try:
-            return write_checkpoint(self)
+            return write_checkpoint(self, keep_from)
         except BaseException as e:
             self._failure = e
             raise

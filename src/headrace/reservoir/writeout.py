@@ -63,7 +63,7 @@ def _estimate(s: ReservoirStorage, snapshot: bool) -> int:
             + regfmt.HEADER_SIZE + 16 * reg + 8 * (-(-reg // 32)) + 8)
 
 
-def write_checkpoint(s: ReservoirStorage) -> int:
+def write_checkpoint(s: ReservoirStorage, keep_from: int | None = None) -> int:
     s._uploader.raise_if_failed()
     state = s._state
     v = state.version + 1
@@ -93,7 +93,7 @@ def write_checkpoint(s: ReservoirStorage) -> int:
                                               state.registry)
         raw = ckfmt.encode(cp)
         section = raw if bundle else ckfmt.compress(raw)
-        reg = state.registry.appended(v, snapshot, bundle, crc64(section))
+        reg = state.registry.appended(v, snapshot, bundle, crc64(section), keep_from)
         new_state.registry = reg
         built.update(state=new_state, section=section, reg=reg, files=files)
         return section, regfmt.encode(reg)

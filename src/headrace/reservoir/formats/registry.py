@@ -49,14 +49,22 @@ class Registry:
         i = int(np.searchsorted(self.versions, version))
         return i if i < len(self.versions) and int(self.versions[i]) == version else None
 
-    def appended(self, version: int, snapshot: bool, bundle: bool, crc: int) -> Registry:
-        """The registry after adding ``version``; a snapshot drops every earlier checkpoint."""
-        if snapshot:
-            return Registry(np.array([version], np.uint64), np.array([True]),
-                            np.array([bundle]), np.array([crc], np.uint64))
-        return Registry(np.append(self.versions, np.uint64(version)),
-                        np.append(self.snapshot, snapshot), np.append(self.bundle, bundle),
-                        np.append(self.crc64s, np.uint64(crc)))
+    def appended(self, version: int, snapshot: bool, bundle: bool, crc: int,
+                 keep_from: int | None = None) -> Registry:
+        """The registry after adding ``version``, holding only what reading ``version`` needs
+        (its chain: a snapshot drops every earlier checkpoint) — and, when ``keep_from`` names
+        a checkpoint still in it, what reading ``keep_from`` needs too: a writer whose newest
+        checkpoint may yet be abandoned (the pipeline's, until its progress names it) keeps the
+        version it may have to go back to readable, even across a snapshot."""
+        out = Registry(np.append(self.versions, np.uint64(version)),
+                       np.append(self.snapshot, snapshot), np.append(self.bundle, bundle),
+                       np.append(self.crc64s, np.uint64(crc)))
+        keep = out.index(keep_from) if keep_from is not None and keep_from < version else None
+        start = out.chain_for(version if keep is None else keep_from)[0]
+        if start == 0:
+            return out
+        return Registry(out.versions[start:], out.snapshot[start:], out.bundle[start:],
+                        out.crc64s[start:])
 
     def chain_for(self, version: int) -> list[int]:
         """Indexes to read to recover ``version``: its latest snapshot at or before it, then the
