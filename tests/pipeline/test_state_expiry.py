@@ -24,6 +24,7 @@ from headrace.pipeline.operators.aggregate import ACC, Agg, AggregateKernel
 from headrace.pipeline.operators.interval import IntervalJoinKernel, expiry_bounds
 from headrace.pipeline.operators.join import JoinKernel
 from headrace.pipeline.state import BucketLSM, LSMConfig, WriteStats, page_id
+from headrace.pipeline.state.commit import STATE_OPTIONS, checkpoint_runs
 from headrace.pipeline.state.pages import CODEC_ZSTD_PLANES, encode_run
 from headrace.pipeline.state.ranges import MAX_RANGES
 from headrace.pipeline.state.task import Router, TaskState
@@ -54,11 +55,13 @@ class Stream:
 
     def __init__(self, path, config: LSMConfig = LSMConfig()):
         self.store = LocalStore(str(path / "store"), fsync=False)
-        self.storage = ReservoirStorage.open(self.store, cache_dir=str(path / "cache"))
+        self.storage = ReservoirStorage.open(self.store, cache_dir=str(path / "cache"),
+                                             options=STATE_OPTIONS)
         self.cache = str(path / "cache")
         self.config = config
         self.reader = None
         self.n = 0
+        self.stored: list[int] = []  # stored_bytes() after each commit
         _OPEN.append(self)
 
     def close(self) -> None:
@@ -75,8 +78,9 @@ class Stream:
         stats = WriteStats()
         for lsm in lsms:
             stats.add(lsm.write(w))
-        self.storage.absorb([w.finish()])
-        v = self.storage.checkpoint()
+        # as the pipeline's driver does: sparse files repacked, the previous version kept
+        v, _ = checkpoint_runs(self.storage, [w.finish()], keep_from=self.storage.version)
+        self.stored.append(self.stored_bytes())
         # as the workers do: the next version's reader is built on the last (one cache)
         self.reader = (self.reader.at(v) if self.reader is not None else
                        ReservoirReader.open(self.store, version=v, cache_dir=self.cache))
@@ -86,6 +90,11 @@ class Stream:
         """Bytes of the pages the latest checkpoint references (benchmarks/nexmark.py's
         state figure)."""
         return inspect_stream(self.store)["page_bytes"]
+
+    def stored_bytes(self) -> int:
+        """Every byte the state keeps in the store (superseded pages in files not yet dead
+        included): what the user pays to store."""
+        return sum(m.size for m in self.store.list(""))
 
     def compact_bytes(self, sides: int = 1) -> int:
         """What the live rows take written as one run per side: the open windows' size."""
@@ -118,11 +127,14 @@ def rows_of(lsm: BucketLSM) -> dict:
     return out
 
 
-def assert_bounded(live: list[int], compact: list[int]) -> None:
+def assert_bounded(live: list[int], compact: list[int], stored: list[int]) -> None:
     """Live state over the second half of the run: flat (end <= 1.5 x middle, no batch above
     1.5 x the smallest) and within 2 x the open windows' compact size (an LSM also holds the
-    superseded versions of open groups that newer runs updated, until a merge or expiry)."""
+    superseded versions of open groups that newer runs updated, until a merge or expiry); the
+    stored bytes within 3 x the live (before adaptive snapshots: 8-14 x, the last ~20 batches'
+    bundles kept for their checkpoints)."""
     half = live[len(live) // 2:]
+    assert max(stored[len(live) // 2:]) <= 3 * max(half), (stored, live)
     assert live[-1] <= 1.5 * live[len(live) // 2], live
     assert max(half) <= 1.5 * min(half), live
     for got, need in zip(live[len(live) // 2:], compact[len(live) // 2:], strict=True):
@@ -186,7 +198,7 @@ def test_expiring_aggregate_state_stays_that_of_the_open_windows(tmp_path):
     closed = {g: v for g, v in truth.items() if g[0] + SIZE <= watermark}
     assert emitted == Counter({(float(w_), k_, len(v), max(v)): 1
                                for (w_, k_), v in closed.items()})
-    assert_bounded(live, compact)
+    assert_bounded(live, compact, stream.stored)
 
 
 # -- a join on the window -----------------------------------------------------------------------
@@ -254,7 +266,7 @@ def _run_join(tmp_path, kernel, schemas, time_col, below) -> None:
             want = {(k, v): w for k, vals in ref[side].rows.items() for v, w in vals.items()
                     if w}  # an entry replaced (an outer join's count changed) sums to 0
             assert rows_of(stream.open(side)) == want
-    assert_bounded(live, compact)
+    assert_bounded(live, compact, stream.stored)
 
 
 def test_expiring_join_state_stays_that_of_the_open_windows(tmp_path):

@@ -374,3 +374,65 @@ def test_keep_from_keeps_the_previous_version_readable_across_a_snapshot(any_sto
         assert [st.read(p) for p in (5, 6, 7)] == [b"page 5", b"page 6", b"page 7"]
         with pytest.raises(PageNotFound):
             st.read(4)
+
+
+def _stored(store) -> int:
+    return sum(m.size for m in store.list(""))
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_adaptive_snapshots_bound_the_bytes_kept_for_older_checkpoints(any_store, adaptive):
+    """Every checkpoint replaces all pages of the last: the dead bundles stay as long as the
+    checkpoints back to the last snapshot are retained — 20 of them by default. With
+    adaptive_snapshots the writer snapshots once they outweigh what a snapshot writes, and the
+    store holds a few checkpoints' worth; every version it keeps reads back."""
+    opts = ReservoirOptions(adaptive_snapshots=adaptive)
+    with ReservoirStorage.open(any_store, options=opts) as st:
+        stored = []
+        for v in range(1, 31):
+            _fill(st, {p: os.urandom(2000) for p in range(20)})  # 40 KB, all replaced
+            assert st.checkpoint(keep_from=v - 1 or None) == v
+            stored.append(_stored(any_store))
+        live = 20 * 2000
+        assert all(st.read(p) for p in range(20))
+    if adaptive:
+        assert max(stored[5:]) <= 4 * live, stored
+    else:  # the seed's default: up to 20 checkpoints' bundles
+        assert max(stored) >= 15 * live, stored
+    with ReservoirStorage.open(any_store, options=opts) as st:
+        assert st.version == 30 and len(st.state()) == 20
+    with ReservoirReader.open(any_store, version=29, options=opts) as r:  # keep_from
+        assert len(r.state()) == 20
+
+
+def test_repack_sparse_moves_the_live_pages_of_mostly_dead_files(any_store):
+    """A file whose pages later checkpoints mostly replaced is repacked into the next one:
+    its live pages keep their ids and bytes, the file is collected; a file more than
+    max_live_ratio live, or with nothing dead, is left alone; max_read_bytes bounds a call."""
+    store = KeyCountingStore(any_store)
+    opts = ReservoirOptions(snapshot_interval=2)
+    model = {}
+    with ReservoirStorage.open(store, options=opts) as st:
+        for base in (0, 100, 200):  # three bundles of 10 pages
+            pages = {base + i: os.urandom(1000) for i in range(10)}
+            model.update(pages)
+            _fill(st, pages)
+            st.checkpoint()
+        _fill(st, {i: b"new %d" % i for i in range(8)})  # bundle 1: 2 of 10 live
+        _fill(st, {100 + i: b"new %d" % i for i in range(4)})  # bundle 2: 6 of 10 live
+        model.update({i: b"new %d" % i for i in range(8)})
+        model.update({100 + i: b"new %d" % i for i in range(4)})
+        st.checkpoint()
+        files = dict(st.state().files)
+        assert st.repack_sparse(0.5, 1) == 1  # only the sparsest, the budget allows one
+        st.checkpoint()
+        gone = set(files) - set(st.state().files)
+        assert len(gone) == 1 and st.state().deleted_files.keys() >= gone
+        assert st.repack_sparse(0.5) == 0  # the rest is more than half live
+        for _ in range(3):
+            st.checkpoint()
+        assert all(st.read(pid) == data for pid, data in model.items())
+        with pytest.raises(Exception, match="max_live_ratio"):
+            st.repack_sparse(1.0)
+    with ReservoirStorage.open(any_store, options=opts) as st:
+        assert all(st.read(pid) == data for pid, data in model.items())

@@ -66,6 +66,7 @@ from headrace.pipeline.progress import (
     commit_progress,
 )
 from headrace.pipeline.sparklog import offset_log_ends
+from headrace.pipeline.state.commit import STATE_OPTIONS, checkpoint_runs
 from headrace.pipeline.streams import StreamSet
 from headrace.pipeline.tasks import (
     INLINE_MAX,
@@ -196,7 +197,8 @@ class Pipeline(PipelineBuilder):
         if self._storage is None:
             from headrace.reservoir import ReservoirStorage
 
-            self._storage = ReservoirStorage.open(self.store, stream=self.stream)
+            self._storage = ReservoirStorage.open(self.store, stream=self.stream,
+                                                  options=STATE_OPTIONS)
         return self._storage
 
     def _manifest_key(self, version: int) -> str:
@@ -346,11 +348,11 @@ class Pipeline(PipelineBuilder):
             self.store.put(self._manifest_key(t), json.dumps(manifest, sort_keys=True).encode())
             version = t
         else:
-            storage = self.storage()
-            storage.absorb(result["runs"])
             # until the progress names the new version, a restart redoes batch t (and a lagging
             # output replays it) from prev_version: it stays readable even past a snapshot
-            version = storage.checkpoint(keep_from=prev_version)
+            version, repacked = checkpoint_runs(self.storage(), result["runs"],
+                                                keep_from=prev_version)
+            self.metrics["state_repacked_files"] += repacked
         new = {**{q: int(e) for q, e in ends.items() if e >= 0}, STATE_KEY: int(version),
                **self._graph_bindings(), **(marks or {}),
                **event_time_bindings(self.nodes, self.bindings, result["wm"])}

@@ -1,4 +1,5 @@
-"""Compaction (repack sparse files) and the orphan sweep.
+"""Compaction (repack sparse files), the per-checkpoint repack of the sparsest, and the orphan
+sweep.
 
 Compaction picks files whose live bytes are below ``compaction_ratio_threshold`` of
 ``max_file_size``, verifies each file's CRC64, and copies its live pages into the shared merged
@@ -43,26 +44,56 @@ def compact(s: ReservoirStorage) -> int | None:
         cands = compaction_candidates(s)
         if not cands:
             return None
-        state = s._state
-        pending = np.fromiter(s._committed.keys(), np.int64, len(s._committed))
-        moved = 0
-        for fid in cands:
-            row = state.files[fid]
-            data = s.source.read_whole(fid, row.size, row.crc64)  # CRC64-checked, healed
-            mask = state.fids == np.uint64(fid)
-            if len(pending):
-                mask &= ~np.isin(state.ids, pending)
-            ids, offs = state.ids[mask], state.offs[mask]
-            order = np.argsort(offs, kind="stable")  # source order: runs copy in one slice
-            ids, offs = ids[order], offs[order]
-            sizes, crcs = state.sizes[mask][order], state.crcs[mask][order]
-            for pid, loc in s._add_leftovers(ids, offs, sizes, crcs, data):
-                s._committed[pid] = loc
-            moved += len(ids)
-        s._stats["compacted_files"] = s._stats.get("compacted_files", 0) + len(cands)
-        s._stats["compacted_pages"] = s._stats.get("compacted_pages", 0) + moved
+        moved = _copy_live(s, cands)
         log.info("compacting %d files (%d live pages)", len(cands), moved)
         return s._checkpoint_locked()
+
+
+def repack_sparse(s: ReservoirStorage, max_live_ratio: float, max_read_bytes: int) -> int:
+    """Copy the live pages of files at most ``max_live_ratio`` live (by their own size, not
+    ``max_file_size``: a writer whose checkpoints are small bundles keeps them small) into the
+    merged writer, the most dead first, reading at most ``max_read_bytes`` of files (always at
+    least one); the caller's next checkpoint makes it durable and lets the files go. Returns the
+    files chosen. A file with nothing dead is never chosen: copying it gains nothing."""
+    with s._ckpt_lock, s._lock:
+        rows = sorted((r for r in s._state.files.values()
+                       if r.non_active and r.live_bytes <= max_live_ratio * r.size),
+                      key=lambda r: (r.live_bytes / max(r.size, 1), r.file_id))
+        chosen, budget = [], max_read_bytes
+        for r in rows:
+            if chosen and r.size > budget:
+                continue
+            chosen.append(r.file_id)
+            budget -= r.size
+        if chosen:
+            moved = _copy_live(s, chosen)
+            s._stats["repacked_files"] = s._stats.get("repacked_files", 0) + len(chosen)
+            log.debug("repacking %d sparse files (%d live pages)", len(chosen), moved)
+        return len(chosen)
+
+
+def _copy_live(s: ReservoirStorage, fids: list[int]) -> int:
+    """Copy the live pages of ``fids`` (not rewritten or deleted since the last checkpoint) into
+    the merged writer; returns how many. Holds the storage's locks."""
+    state = s._state
+    pending = np.fromiter(s._committed.keys(), np.int64, len(s._committed))
+    moved = 0
+    for fid in fids:
+        row = state.files[fid]
+        data = s.source.read_whole(fid, row.size, row.crc64)  # CRC64-checked, healed
+        mask = state.fids == np.uint64(fid)
+        if len(pending):
+            mask &= ~np.isin(state.ids, pending)
+        ids, offs = state.ids[mask], state.offs[mask]
+        order = np.argsort(offs, kind="stable")  # source order: runs copy in one slice
+        ids, offs = ids[order], offs[order]
+        sizes, crcs = state.sizes[mask][order], state.crcs[mask][order]
+        for pid, loc in s._add_leftovers(ids, offs, sizes, crcs, data):
+            s._committed[pid] = loc
+        moved += len(ids)
+    s._stats["compacted_files"] = s._stats.get("compacted_files", 0) + len(fids)
+    s._stats["compacted_pages"] = s._stats.get("compacted_pages", 0) + moved
+    return moved
 
 
 def sweep_orphans(s: ReservoirStorage, grace_s: float, now: float) -> list[str]:

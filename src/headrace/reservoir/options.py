@@ -56,6 +56,10 @@ class ReservoirOptions:
 
     max_file_size: int = 64 * MIB
     snapshot_interval: int = 20
+    # also snapshot when the files only older checkpoints still need (dead since the last
+    # snapshot, kept for those checkpoints) outweigh what the snapshot writes: bounds the
+    # stored bytes of a writer whose every checkpoint replaces most of the last one's pages
+    adaptive_snapshots: bool = False
     compaction_ratio_threshold: float = 0.33
     max_cache_size_bytes: int = 10 * GIB
     cache_evict_from: float = 0.80

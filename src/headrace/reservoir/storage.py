@@ -130,6 +130,9 @@ class ReservoirStorage(PrometheusExport):
     def _adopt(self, loaded) -> None:
         """Make a recovered checkpoint the base of this writer (open and reset)."""
         self._state: State = loaded.state
+        # bytes of the files dead since this process opened the stream, until deleted (the
+        # checkpoints that still need them retained): what adaptive_snapshots weighs
+        self._dead_bytes: dict[int, int] = {}
         self._registry_etag = loaded.registry_etag
         self._ckpt_keys: dict[int, str] = dict(loaded.keys)  # version -> object key
         self._next_file_id = max(1, self._state.next_file_id)  # recorded, no longer allocating
@@ -356,6 +359,7 @@ class ReservoirStorage(PrometheusExport):
             self._stats["deleted_objects"] += len(keys)
         for f in doomed:
             state.deleted_files.pop(f, None)
+            self._dead_bytes.pop(f, None)
             if self.source.cache is not None:
                 self.source.cache.evict(f)
 
@@ -382,6 +386,18 @@ class ReservoirStorage(PrometheusExport):
         if sweep:
             self.sweep_orphans()
         return version
+
+    def repack_sparse(self, max_live_ratio: float = 0.5, max_read_bytes: int = 64 << 20) -> int:
+        """Before a checkpoint: copy the live pages of the sparsest files (at most
+        ``max_live_ratio`` of their bytes live, reading at most ``max_read_bytes``) into it, so
+        that files a writer keeps only partly alive — bundles whose pages later checkpoints
+        mostly replaced — die whole. Returns the files chosen (0: nothing sparse)."""
+        from headrace.reservoir.compaction import repack_sparse
+
+        self._check_open()
+        if not 0.0 <= max_live_ratio < 1.0:
+            raise InvalidInput(f"max_live_ratio must be in [0, 1), got {max_live_ratio!r}")
+        return repack_sparse(self, max_live_ratio, max_read_bytes)
 
     def reset(self) -> None:
         """Drop everything not checkpointed (after a failure), reset every session and reload

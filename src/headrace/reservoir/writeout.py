@@ -67,7 +67,9 @@ def write_checkpoint(s: ReservoirStorage, keep_from: int | None = None) -> int:
     s._uploader.raise_if_failed()
     state = s._state
     v = state.version + 1
-    snapshot = v % s.opts.snapshot_interval == 0
+    snapshot = v % s.opts.snapshot_interval == 0 or (
+        s.opts.adaptive_snapshots and len(state.registry) > 0
+        and sum(s._dead_bytes.values()) >= _estimate(s, True) - _estimate(s, False))
     mw = s._merged.writer
     # a bundle's key is its version's, so only registry="bundled" (where that key is the commit
     # point) may write one; registry="file" names checkpoint objects by CRC (see keys.py)
@@ -114,6 +116,9 @@ def write_checkpoint(s: ReservoirStorage, keep_from: int | None = None) -> int:
     puts = _commit(s, key, obj, new_reg)
     # committed: from here on, the new state is the truth
     old_reg = state.registry
+    sizes = {f.file_id: f.size for f in built["files"]}
+    for f in new_state.deleted_files.keys() - state.deleted_files.keys():
+        s._dead_bytes[f] = state.files[f].size if f in state.files else sizes.get(f, 0)
     s._state = new_state
     s._ckpt_keys[v] = key
     if bundle:
