@@ -10,10 +10,10 @@ the dead files kept outweigh the snapshot's own bytes.
 
 Why the repack: a state file (a batch's bundle, or a task's file) dies only when none of its
 pages is live, and later batches replace most pages of a file without replacing all of them
-(an expired window's straddling page, a run a merge has not reached yet). Nexmark q7 kept 485
-MB stored for 16 MB live before this. A file at most ``REPACK_LIVE_RATIO`` live has its live
-pages copied into the batch's checkpoint (the same page ids and bytes: nothing a reader sees
-changes), so the stored state stays within about twice the live state plus the newest files.
+(an expired window's straddling page, a run a merge has not reached yet). A file at most
+``REPACK_LIVE_RATIO`` live has its live pages copied into the batch's checkpoint (the same page
+ids and bytes: nothing a reader sees changes) and dies whole. Figures: docs/pipeline-state.md,
+"Stored bytes".
 """
 
 from __future__ import annotations
