@@ -1,4 +1,5 @@
-"""Model-based test: random writes/deletes/commits/checkpoints/reopens/compactions vs a dict."""
+"""Model-based test: random writes/deletes/commits/checkpoints/reopens/compactions/repacks vs a
+dict; a version a checkpoint was told to keep (``keep_from``) reads back as it was."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from headrace.reservoir import PageNotFound, PageRunWriter, ReservoirOptions, ReservoirStorage
+from headrace.reservoir import (
+    PageNotFound,
+    PageRunWriter,
+    ReservoirOptions,
+    ReservoirReader,
+    ReservoirStorage,
+)
 from headrace.store import LocalStore
 
 PIDS = st.integers(min_value=-3, max_value=12)
@@ -18,6 +25,7 @@ PIDS = st.integers(min_value=-3, max_value=12)
 
 class ReservoirModel(RuleBasedStateMachine):
     registry = "bundled"
+    adaptive = False
 
     def __init__(self):
         super().__init__()
@@ -25,7 +33,8 @@ class ReservoirModel(RuleBasedStateMachine):
         self.store = LocalStore(self.dir + "/store", fsync=False)
         self.opts = ReservoirOptions(max_file_size=4096, snapshot_interval=3,
                                      registry=self.registry, in_flight_capacity=2,
-                                     compaction_ratio_threshold=0.5)
+                                     compaction_ratio_threshold=0.5,
+                                     adaptive_snapshots=self.adaptive)
         self.storage = self._open()
         self.session = self.storage.session()
         self.pending: dict[int, bytes | None] = {}
@@ -33,6 +42,8 @@ class ReservoirModel(RuleBasedStateMachine):
         self.durable: dict[int, bytes] = {}
         self.counter = 0
         self.runs = 0
+        self.history: dict[int, dict[int, bytes]] = {}  # version -> its pages
+        self.kept: int | None = None  # the version the last checkpoint kept readable
 
     def _open(self):
         return ReservoirStorage.open(self.store, options=self.opts, cache_dir=self.dir + "/cache")
@@ -65,6 +76,34 @@ class ReservoirModel(RuleBasedStateMachine):
         v = self.storage.checkpoint()
         assert v == self.storage.version
         self.durable = dict(self.committed)
+        self.history[v] = self.durable
+        self.kept = None
+
+    @rule()
+    def checkpoint_keeping_the_previous(self):
+        """As the pipeline checkpoints: the version before stays readable (a restart may redo
+        the batch from it), even when the new one is a snapshot."""
+        prev = self.storage.version
+        v = self.storage.checkpoint(keep_from=prev or None)
+        self.durable = dict(self.committed)
+        self.history[v] = self.durable
+        self.kept = prev or None
+
+    @precondition(lambda self: self.kept is not None)
+    @rule()
+    def read_the_kept_version(self):
+        with ReservoirReader.open(self.store, version=self.kept, options=self.opts) as r:
+            for pid in range(-3, 13):
+                if pid in self.history[self.kept]:
+                    assert bytes(r.read(pid)) == self.history[self.kept][pid], pid
+                else:
+                    assert not r.contains(pid), pid
+
+    @rule()
+    def repack_sparse(self):
+        """Live pages of mostly dead files move into the next checkpoint: nothing reads
+        differently."""
+        self.storage.repack_sparse(0.5, 8192)
 
     @rule()
     def reopen(self):
@@ -108,6 +147,8 @@ class ReservoirModel(RuleBasedStateMachine):
     def compact(self):
         if self.storage.compact() is not None:
             self.durable = dict(self.committed)
+            self.history[self.storage.version] = self.durable
+            self.kept = None
 
     def _check(self, model):
         for pid in range(-3, 13):
@@ -136,9 +177,15 @@ class ReservoirModelFileRegistry(ReservoirModel):
     registry = "file"
 
 
+class ReservoirModelAdaptiveSnapshots(ReservoirModel):
+    adaptive = True
+
+
 SETTINGS = settings(max_examples=20, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 TestReservoirModel = ReservoirModel.TestCase
 TestReservoirModel.settings = SETTINGS
 TestReservoirModelFileRegistry = ReservoirModelFileRegistry.TestCase
 TestReservoirModelFileRegistry.settings = SETTINGS
+TestReservoirModelAdaptiveSnapshots = ReservoirModelAdaptiveSnapshots.TestCase
+TestReservoirModelAdaptiveSnapshots.settings = SETTINGS
