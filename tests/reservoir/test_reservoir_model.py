@@ -34,7 +34,7 @@ class ReservoirModel(RuleBasedStateMachine):
         self.opts = ReservoirOptions(max_file_size=4096, snapshot_interval=3,
                                      registry=self.registry, in_flight_capacity=2,
                                      compaction_ratio_threshold=0.5,
-                                     adaptive_snapshots=self.adaptive)
+                                     snapshot_dead_ratio=0.25 if self.adaptive else 0.0)
         self.storage = self._open()
         self.session = self.storage.session()
         self.pending: dict[int, bytes | None] = {}

@@ -381,12 +381,13 @@ def _stored(store) -> int:
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_adaptive_snapshots_bound_the_bytes_kept_for_older_checkpoints(any_store, adaptive):
+def test_snapshot_dead_ratio_bounds_the_bytes_kept_for_older_checkpoints(any_store, adaptive):
     """Every checkpoint replaces all pages of the last: the dead bundles stay as long as the
     checkpoints back to the last snapshot are retained — 20 of them by default. With
-    adaptive_snapshots the writer snapshots once they outweigh what a snapshot writes, and the
-    store holds a few checkpoints' worth; every version it keeps reads back."""
-    opts = ReservoirOptions(adaptive_snapshots=adaptive)
+    snapshot_dead_ratio the writer snapshots once they reach that share of the live bytes (and
+    outweigh what a snapshot writes): the store holds a few checkpoints' worth; every version
+    it keeps reads back."""
+    opts = ReservoirOptions(snapshot_dead_ratio=0.25 if adaptive else 0.0)
     with ReservoirStorage.open(any_store, options=opts) as st:
         stored = []
         for v in range(1, 31):

@@ -56,10 +56,11 @@ class ReservoirOptions:
 
     max_file_size: int = 64 * MIB
     snapshot_interval: int = 20
-    # also snapshot when the files only older checkpoints still need (dead since the last
-    # snapshot, kept for those checkpoints) outweigh what the snapshot writes: bounds the
-    # stored bytes of a writer whose every checkpoint replaces most of the last one's pages
-    adaptive_snapshots: bool = False
+    # > 0: also snapshot once the files only older checkpoints still need (dead since the last
+    # snapshot, kept for those checkpoints) reach this fraction of the live pages' bytes, and
+    # outweigh what the snapshot itself writes: bounds the stored bytes of a writer whose
+    # checkpoints replace most of the last ones' pages, at a bounded cost in snapshots
+    snapshot_dead_ratio: float = 0.0
     compaction_ratio_threshold: float = 0.33
     max_cache_size_bytes: int = 10 * GIB
     cache_evict_from: float = 0.80
@@ -85,6 +86,7 @@ class ReservoirOptions:
         need(4096 <= self.max_file_size <= MAX_FILE_SIZE_LIMIT, "max_file_size",
              f"must be in [4096, {MAX_FILE_SIZE_LIMIT}]")
         need(self.snapshot_interval >= 1, "snapshot_interval", "must be >= 1")
+        need(0.0 <= self.snapshot_dead_ratio, "snapshot_dead_ratio", "must be >= 0")
         need(0.0 <= self.compaction_ratio_threshold <= 1.0, "compaction_ratio_threshold",
              "must be in [0, 1]")
         need(self.max_cache_size_bytes > 0, "max_cache_size_bytes", "must be > 0")

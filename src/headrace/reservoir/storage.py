@@ -131,7 +131,7 @@ class ReservoirStorage(PrometheusExport):
         """Make a recovered checkpoint the base of this writer (open and reset)."""
         self._state: State = loaded.state
         # bytes of the files dead since this process opened the stream, until deleted (the
-        # checkpoints that still need them retained): what adaptive_snapshots weighs
+        # checkpoints that still need them retained): what snapshot_dead_ratio weighs
         self._dead_bytes: dict[int, int] = {}
         self._registry_etag = loaded.registry_etag
         self._ckpt_keys: dict[int, str] = dict(loaded.keys)  # version -> object key

@@ -63,13 +63,21 @@ def _estimate(s: ReservoirStorage, snapshot: bool) -> int:
             + regfmt.HEADER_SIZE + 16 * reg + 8 * (-(-reg // 32)) + 8)
 
 
+def _dead_weigh_more(s: ReservoirStorage) -> bool:
+    """snapshot_dead_ratio: the files dead since the last snapshot, kept only for the
+    checkpoints back to it, reach that fraction of the live bytes and the snapshot's own size."""
+    ratio, st = s.opts.snapshot_dead_ratio, s._state
+    if ratio <= 0 or len(st.registry) == 0:
+        return False
+    dead = sum(s._dead_bytes.values())
+    return dead >= ratio * int(st.sizes.sum()) and dead >= _estimate(s, True) - _estimate(s, False)
+
+
 def write_checkpoint(s: ReservoirStorage, keep_from: int | None = None) -> int:
     s._uploader.raise_if_failed()
     state = s._state
     v = state.version + 1
-    snapshot = v % s.opts.snapshot_interval == 0 or (
-        s.opts.adaptive_snapshots and len(state.registry) > 0
-        and sum(s._dead_bytes.values()) >= _estimate(s, True) - _estimate(s, False))
+    snapshot = v % s.opts.snapshot_interval == 0 or _dead_weigh_more(s)
     mw = s._merged.writer
     # a bundle's key is its version's, so only registry="bundled" (where that key is the commit
     # point) may write one; registry="file" names checkpoint objects by CRC (see keys.py)

@@ -6,7 +6,9 @@ and so every file a later checkpoint killed (a bundle holds its checkpoint's sec
 while that checkpoint does). With a snapshot every 20 checkpoints a pipeline stored ~20 batches
 of state writes whatever its live state: Nexmark q7 485 MB for 16 MB live. The pipeline reads
 only the latest version and the one before (``keep_from``), so its writer snapshots as soon as
-the dead files kept outweigh the snapshot's own bytes.
+the dead files kept reach a quarter of the live bytes and outweigh the snapshot's own bytes (a
+snapshot writes the whole page table: weighed against the live state, not only against its own
+size, so a large state is not snapshotted every batch).
 
 Why the repack: a state file (a batch's bundle, or a task's file) dies only when none of its
 pages is live, and later batches replace most pages of a file without replacing all of them
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 from headrace.reservoir import ReservoirOptions
 
-STATE_OPTIONS = ReservoirOptions(adaptive_snapshots=True)
+# dead files kept for older checkpoints: at most about a quarter of the live state (or one
+# snapshot's bytes, when more) before a snapshot lets them go
+STATE_OPTIONS = ReservoirOptions(snapshot_dead_ratio=0.25)
 REPACK_LIVE_RATIO = 0.5
 REPACK_READ_BYTES = 32 << 20  # files read per batch at most (always at least one)
 
