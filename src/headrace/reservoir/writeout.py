@@ -65,9 +65,11 @@ def _estimate(s: ReservoirStorage, snapshot: bool) -> int:
 
 def _dead_weigh_more(s: ReservoirStorage) -> bool:
     """snapshot_dead_ratio: the files dead since the last snapshot, kept only for the
-    checkpoints back to it, reach that fraction of the live bytes and the snapshot's own size."""
+    checkpoints back to it, reach that fraction of the live bytes and the snapshot's own size.
+    Never right after a snapshot: what it kept (for ``keep_from``) goes at the next checkpoint
+    anyway, so a second snapshot would free nothing more."""
     ratio, st = s.opts.snapshot_dead_ratio, s._state
-    if ratio <= 0 or len(st.registry) == 0:
+    if ratio <= 0 or len(st.registry) == 0 or bool(st.registry.snapshot[-1]):
         return False
     dead = sum(s._dead_bytes.values())
     return dead >= ratio * int(st.sizes.sum()) and dead >= _estimate(s, True) - _estimate(s, False)
