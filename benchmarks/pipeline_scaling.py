@@ -25,7 +25,10 @@ State bytes per batch, compaction amortised: the STEADY window holds one merge o
 tier only, so ``state_bytes_ratio_vs_spark_changelog`` divides the mean over 64 (quick: 32)
 steady batches of the same job's task function driven without Spark
 (``amortised_state_bytes``; the window's own ratio is reported as ``..._steady_window``) by
-Spark's changelog bytes per batch.
+Spark's changelog bytes per batch. That run commits the state as the driver does
+(``pipeline/state/commit.py``: snapshots and repacks included) and also gives
+``state_stored_ratio_vs_live``: every byte under the state prefix at its end over the live
+pages' bytes.
 
 Also measured, each in fresh processes:
 - driver peak RSS of a join that emits 2M rows per batch vs one that emits 20k (quick: 400k
@@ -170,7 +173,7 @@ def amortised_state_bytes(work: Path, n_keys: int, delta: int, batches: int = 64
 
     The job's own task function (``tasks.run_stage_partition``: the same kernel, buckets, LSM and
     PageRunWriter) is driven without Spark on a local reservoir, as the runner drives it: each
-    batch, every task's rows, then absorb + checkpoint; a batch's bytes are the new objects under
+    batch, every task's rows, then the driver's state commit (``checkpoint_runs``); a batch's bytes are the new objects under
     the state prefix. Rows are bucketed by a stand-in hash rather than Spark's xxhash64 (both
     uniform); the load and the deltas are drawn as ``_write_loads`` draws them."""
     import pickle
