@@ -355,11 +355,17 @@ def test_keep_from_keeps_the_previous_version_readable_across_a_snapshot(any_sto
                 s.delete(v - 1)
             s.commit()
             assert st.checkpoint(keep_from=v - 1) == v
+        # both orders of the reader and the writer's cleanup: a reader of v4 opened before the
+        # snapshot (a task mid-batch; no cache, so its read reaches the store) and one opened
+        # after it (a restart redoing the batch)
+        early = ReservoirReader.open(any_store, version=4, options=opts)
         s = st.session()
         s.write(5, b"page 5")
         s.delete(4)
         s.commit()
         assert st.checkpoint(keep_from=4) == 5  # a snapshot
+        with early:
+            assert early.read(4) == b"page 4"
         with ReservoirReader.open(any_store, version=4, options=opts) as r4:
             assert r4.read(4) == b"page 4"
         _fill(st, {6: b"page 6"})
