@@ -13,7 +13,9 @@ seconds after ``run()`` is called:
   and static plan built);
 - ``job N`` submitted → done, and each stage's first task → done (Spark's REST API; the UI is on
   in these children only);
-- ``committed``: the first batch committed (the recovery figure).
+- ``committed``: the first batch committed (the recovery figure), and the CPU seconds the
+  driver, its JVM and the Python workers used until then (÷ the wall time: how many of the
+  machine's cores the restart kept busy; near the core count, only less work helps).
 
 Run: ``python benchmarks/restart_profile.py [--keys 250000] [--restarts 4] [--alternate
 NAME=VALUE]``; ``--alternate`` runs every other restart with that environment variable set
@@ -71,6 +73,27 @@ def _rest_times(spark, t0: float) -> list[str]:
     return lines
 
 
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and its descendants: the JVM,
+    the Python worker daemon and its workers (with what their exited children used)."""
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+            procs[int(d.name)] = (int(f[1]), sum(int(x) for x in f[11:15]))
+    mine, total, todo = set(), 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        mine.add(pid)
+        total += procs.get(pid, (0, 0))[1]
+        todo += [c for c, (pp, _) in procs.items() if pp == pid and c not in mine]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _child(root: str, ckpt: str, partitions: int) -> None:
     import headrace.pipeline.restart as restart
     import headrace.pipeline.runner as runner
@@ -79,7 +102,7 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
     # pipeline_scaling's session, with the UI on for its REST API
     spark = ps._spark(partitions, "headrace-restart-profile", **{"spark.ui.enabled": "true"})
     marks: dict[str, float] = {}
-    t0 = time.time()
+    t0, cpu0 = time.time(), _tree_cpu_s()
 
     def mark(name, fn):
         def wrapped(*a, **kw):
@@ -94,7 +117,12 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
     restart.build = mark("plan_built", restart.build)
 
     p = ps._build(spark, root, ckpt, partitions)
-    p.on_batch = lambda info: marks.setdefault("committed", time.time() - t0)
+    def committed(info):
+        if "committed" not in marks:
+            marks["committed"] = time.time() - t0
+            marks["cpu_s"] = _tree_cpu_s() - cpu0
+
+    p.on_batch = committed
     p.run(until_idle=True, max_runs=1)
     print("RESULT " + json.dumps({"marks": marks, "spark": _rest_times(spark, t0)}), flush=True)
     spark.stop()
@@ -136,8 +164,10 @@ def main() -> None:
                 raise SystemExit(f"restart {i} failed: {out.stderr[-2000:]}")
             marks = res["marks"]
             committed.setdefault(variant, []).append(marks["committed"])
+            cpu = marks.pop("cpu_s")
             print(f"restart {i} ({variant}): " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                               sorted(marks.items(), key=lambda kv: kv[1])))
+                                               sorted(marks.items(), key=lambda kv: kv[1]))
+                  + f"; CPU {cpu:.2f} s ({cpu / marks['committed']:.2f} cores busy)")
             for line in res["spark"]:
                 print("   " + line)
             shutil.rmtree(work / f"r{i}")
