@@ -73,25 +73,48 @@ def _rest_times(spark, t0: float) -> list[str]:
     return lines
 
 
-def _tree_cpu_s() -> float:
-    """CPU seconds (user + system) used so far by this process and its descendants: the JVM,
-    the Python worker daemon and its workers (with what their exited children used)."""
-    procs = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-            procs[int(d.name)] = (int(f[1]), sum(int(x) for x in f[11:15]))
-    mine, total, todo = set(), 0, [os.getpid()]
+def _tree_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process and its descendants, by part:
+    ``driver`` (this Python process), the JVM's threads by kind (``jvm jit`` compiler,
+    ``jvm gc``, ``jvm other``; what they had when this is called), ``python workers`` (the
+    worker daemon, its workers and what their exited children used), and ``total``."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(path: Path) -> tuple[str, int, int, int] | None:
+        try:
+            text = path.read_text()
+        except OSError:
+            return None
+        name = text[text.index("(") + 1:text.rindex(")")]
+        f = text.rsplit(")", 1)[1].split()
+        # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        return name, int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+
+    procs = {int(d.name): st for d in Path("/proc").iterdir()
+             if d.name.isdigit() and (st := stat(d / "stat")) is not None}
+    parts = {"driver": 0.0, "jvm jit": 0.0, "jvm gc": 0.0, "jvm other": 0.0,
+             "python workers": 0.0}
+    todo, seen = [(os.getpid(), "driver")], set()
     while todo:
-        pid = todo.pop()
-        mine.add(pid)
-        total += procs.get(pid, (0, 0))[1]
-        todo += [c for c, (pp, _) in procs.items() if pp == pid and c not in mine]
-    return total / os.sysconf("SC_CLK_TCK")
+        pid, part = todo.pop()
+        seen.add(pid)
+        name, _, own, children = procs[pid]
+        if name == "java":  # the JVM: its compiler and GC threads, the rest (exited ones too)
+            parts["jvm other"] += own / tick
+            for t in Path(f"/proc/{pid}/task").iterdir():
+                st = stat(t / "stat")
+                if st is not None and ("Compiler" in st[0] or st[0].startswith(("GC", "G1"))):
+                    kind = "jvm jit" if "Compiler" in st[0] else "jvm gc"
+                    parts[kind] += st[2] / tick
+                    parts["jvm other"] -= st[2] / tick
+            parts["python workers"] += children / tick  # workers it reaped
+        else:
+            parts[part] += (own + children) / tick
+        for c, (_, ppid, _, _) in procs.items():
+            if ppid == pid and c not in seen:
+                todo.append((c, "python workers" if name == "java" else part))
+    parts["total"] = sum(parts.values())
+    return parts
 
 
 def _child(root: str, ckpt: str, partitions: int) -> None:
@@ -120,7 +143,7 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
     def committed(info):
         if "committed" not in marks:
             marks["committed"] = time.time() - t0
-            marks["cpu_s"] = _tree_cpu_s() - cpu0
+            marks["cpu_s"] = {k: v - cpu0[k] for k, v in _tree_cpu_s().items()}
 
     p.on_batch = committed
     p.run(until_idle=True, max_runs=1)
@@ -166,8 +189,9 @@ def main() -> None:
             committed.setdefault(variant, []).append(marks["committed"])
             cpu = marks.pop("cpu_s")
             print(f"restart {i} ({variant}): " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                               sorted(marks.items(), key=lambda kv: kv[1]))
-                  + f"; CPU {cpu:.2f} s ({cpu / marks['committed']:.2f} cores busy)")
+                                               sorted(marks.items(), key=lambda kv: kv[1])))
+            print(f"   CPU {cpu['total']:.2f} s ({cpu['total'] / marks['committed']:.2f} cores "
+                  "busy): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total"))
             for line in res["spark"]:
                 print("   " + line)
             shutil.rmtree(work / f"r{i}")
