@@ -41,8 +41,8 @@ Also measured, each in fresh processes:
   the same way (spark_baseline._measure_recovery).
 
 Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
-34-45 minutes on this 2-core machine in session 15's three runs); quick: ``--quick`` (250k
-and 1M keys; 5.9 minutes at 100k-row deltas in session 16, 6.6 before that session's change
+34-45 minutes on this 2-core machine in session 15's three runs, 41 in session 18); quick:
+``--quick`` (250k and 1M keys; 5.9 minutes at 100k-row deltas in session 16, 6.6 before that session's change
 below). The untimed children (the driver-RSS joins and the headrace crash child, each a fresh
 JVM) run at once, beside the amortised state-bytes count, whose figures are bytes; the timed
 restarts run alone. Spark at P=200 (3 steady batches
