@@ -140,6 +140,7 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
     restart.build = mark("plan_built", restart.build)
 
     p = ps._build(spark, root, ckpt, partitions)
+
     def committed(info):
         if "committed" not in marks:
             marks["committed"] = time.time() - t0
