@@ -44,3 +44,19 @@ def test_started_pipeline_reports_progress_and_stops(spark, tmp_path):
     got = {r["k"]: r["s"] for r in p.read_shard("sums").to_pylist()}
     assert got == {0: sum(range(0, 30, 3)) + 1000, 1: sum(range(1, 30, 3)),
                    2: sum(range(2, 30, 3))}
+
+
+@pytest.mark.parametrize("inner", ["OSError: [Errno 12] Cannot allocate memory",
+                                   "MemoryError: Unable to allocate 512. MiB"])
+def test_a_query_stopped_by_worker_memory_says_to_raise_buckets(inner):
+    from headrace.pipeline.trigger import failure_text
+
+    # as PySpark reports a Python worker's error: the worker's traceback inside its own text
+    wrapped = Exception("An exception was thrown from the Python worker. Please see the "
+                        "stack trace below.\nTraceback (most recent call last):\n"
+                        f"  File \"x.py\", line 1, in merge\n{inner}\n")
+    text = failure_text(wrapped)
+    assert text.startswith(inner)
+    assert "Pipeline(buckets=...)" in text and "spark.executor.pyspark.memory" in text
+    other = failure_text(Exception("ValueError: bad row"))
+    assert other == "ValueError: bad row"

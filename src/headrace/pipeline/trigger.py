@@ -76,7 +76,7 @@ def _run_queries(p, *, until_idle: bool, max_runs: int | None, processing_time: 
         except Exception as e:  # the query died: what failed inside a batch is in its text
             p.streams.stop(quiet=True)  # side queries of a continuous run, if still up
             raise PipelineError(f"pipeline {p.name!r} stopped at t={p.time}: "
-                                f"{first_error_line(e)}") from e
+                                f"{failure_text(e)}") from e
         runs += 1
         if not until_idle or p.metrics["batches"] == before:
             break
@@ -137,6 +137,19 @@ def record_progress(p, query) -> None:
                 "durations_ms": dict(d)})  # every phase: offsets, WAL, planning, commit
     except Exception as e:  # noqa: BLE001 - an account only, never a failure
         log.debug("no Spark progress: %s", e)
+
+
+def failure_text(e: Exception) -> str:
+    """What stopped a query, for its PipelineError: :func:`first_error_line`, and what to do
+    when a Python worker ran out of memory."""
+    line = first_error_line(e)
+    if "Cannot allocate memory" in line or "MemoryError" in line:
+        line += (" (out of memory: where spark.executor.pyspark.memory caps the Python "
+                 "workers, a task's largest allocation is the merge of one bucket's state "
+                 "runs; restart with more buckets, Pipeline(buckets=...), which re-buckets "
+                 "the state once, or give the workers more memory. A 50M-key group-by ran "
+                 "with 1 GiB workers at 128 buckets: docs/guide.md, Limits)")
+    return line
 
 
 def first_error_line(e: Exception) -> str:
