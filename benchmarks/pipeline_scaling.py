@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import statistics
@@ -435,8 +436,12 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
         figures["max_keys_with_1gib_workers"] = n_keys
     if not ran:
         print("capacity run failed: " + json.dumps(r)[-3000:], flush=True)
+        stopped = re.findall(r"PipelineError: (.*)", r.get("stderr", ""))
+        figures[f"capacity_n{n_keys}_error"] = stopped[-1][:300] if stopped else "see log"
     path = Path(__file__).resolve().parent / "results" / "pipeline_scaling.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
+    if not ran and merged.get("max_keys_with_1gib_workers", 0) >= n_keys:
+        del merged["max_keys_with_1gib_workers"]  # an earlier run's claim this run refutes
     merged.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()})
     path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     for k, v in figures.items():
