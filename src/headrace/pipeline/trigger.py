@@ -147,8 +147,7 @@ def failure_text(e: Exception) -> str:
         line += (" (out of memory: where spark.executor.pyspark.memory caps the Python "
                  "workers, a task's largest allocation is the merge of one bucket's state "
                  "runs; restart with more buckets, Pipeline(buckets=...), which re-buckets "
-                 "the state once, or give the workers more memory. A 50M-key group-by ran "
-                 "with 1 GiB workers at 128 buckets: docs/guide.md, Limits)")
+                 "the state once, or give the workers more memory: docs/guide.md, Limits)")
     return line
 
 
