@@ -442,6 +442,8 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
     merged = json.loads(path.read_text()) if path.exists() else {}
     if not ran and merged.get("max_keys_with_1gib_workers", 0) >= n_keys:
         del merged["max_keys_with_1gib_workers"]  # an earlier run's claim this run refutes
+    for k in [k for k in merged if k.startswith(f"capacity_n{n_keys}_")]:
+        del merged[k]  # an earlier run's figures at this size (a failed run has fewer)
     merged.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()})
     path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     for k, v in figures.items():
