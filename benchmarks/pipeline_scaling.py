@@ -435,7 +435,8 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
     if ran and WORKER_MEMORY == "1g":
         figures["max_keys_with_1gib_workers"] = n_keys
     if not ran:
-        print("capacity run failed: " + json.dumps(r)[-3000:], flush=True)
+        print("capacity run failed (whole stderr: " + str(r.get("stderr_file")) + "): "
+              + json.dumps(r)[-3000:], flush=True)
         stopped = re.findall(r"PipelineError: (.*)", r.get("stderr", ""))
         figures[f"capacity_n{n_keys}_error"] = stopped[-1][:300] if stopped else "see log"
     path = Path(__file__).resolve().parent / "results" / "pipeline_scaling.json"
@@ -479,7 +480,14 @@ def _spawn(args: list[str], timeout_s: float = 900, echo: bool = False) -> dict:
     finally:
         timer.cancel()
         err_file.close()
-    return result or {"returncode": proc.returncode, "stderr": err[-2000:]}
+    if result is not None:
+        return result
+    # a failed child: its whole stderr (a Python worker's traceback sits inside Spark's error,
+    # far from the end) goes to a file that outlives the benchmark's scratch directory
+    fd, log = tempfile.mkstemp(prefix="pipeline_scaling-child-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(err)
+    return {"returncode": proc.returncode, "stderr": err[-2000:], "stderr_file": log}
 
 
 def driver_rss(work: Path, rows: int, partitions: int) -> dict:
