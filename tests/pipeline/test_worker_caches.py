@@ -13,18 +13,19 @@ from headrace.pipeline.state.cache import budget_bytes
 
 
 def test_cache_budgets_follow_the_workers_memory_cap(monkeypatch):
+    """Spark caps a worker's address space (spark.executor.pyspark.memory): the decoded pages
+    take an eighth of the cap; the file cache is on disk and read, not mmapped, so it keeps
+    its size."""
     monkeypatch.delenv("HEADRACE_STATE_CACHE_MB", raising=False)
     monkeypatch.delenv("PYSPARK_EXECUTOR_MEMORY_MB", raising=False)
-    assert budget_bytes("HEADRACE_STATE_CACHE_MB", 10 << 10, 1 / 4) == 10 << 30  # no cap
-    # spark.executor.pyspark.memory=1g: Spark caps the worker's address space, mmapped cache
-    # files included, so the file cache takes a quarter and the decoded pages an eighth
+    assert workers.reader_options().max_cache_size_bytes == 10 << 30  # no cap
     monkeypatch.setenv("PYSPARK_EXECUTOR_MEMORY_MB", "1024")
-    opts = workers.reader_options()
-    assert opts.max_cache_size_bytes == 256 << 20
-    assert opts.max_file_size <= opts.max_cache_size_bytes
+    assert workers.reader_options().max_cache_size_bytes == 10 << 30
     assert budget_bytes("HEADRACE_PAGE_CACHE_MB", 256, 1 / 8) == 128 << 20
     monkeypatch.setenv("HEADRACE_STATE_CACHE_MB", "64")  # the user's word wins
-    assert workers.reader_options().max_cache_size_bytes == 64 << 20
+    opts = workers.reader_options()
+    assert opts.max_cache_size_bytes == 64 << 20
+    assert opts.max_file_size <= opts.max_cache_size_bytes
 
 
 def test_decoded_page_cache_defaults_to_a_share_of_the_machine_per_worker(monkeypatch):

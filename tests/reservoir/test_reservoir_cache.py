@@ -49,6 +49,30 @@ def test_miss_downloads_once_then_hits(tmp_path):
     cache.close()
 
 
+def test_a_file_evicted_under_a_read_is_still_read_whole(tmp_path):
+    """Reader and evictor, both orders: an entry evicted while a read holds it keeps its
+    descriptor until that read releases it (closing it under the read could hand the number
+    to another file); evicted with no reader, its descriptor closes at once."""
+    store = LocalStore(tmp_path / "s", fsync=False)
+    files = _files(store, 2)
+    cache = _cache(tmp_path, store, 1 << 20)
+    _read(cache, files, 1)
+    size, crc, off, psize, _pcrc = files[1]
+    entry = cache._acquire(1, size, crc)  # a read in progress holds the entry
+    cache.evict(1)
+    assert not entry.path.exists() and entry.fd >= 0
+    assert cache._entries.get(1) is None
+    assert entry.read(off, psize) == bytes([1]) * 4000  # the open descriptor still reads it
+    cache._release(entry)
+    assert entry.fd == -1  # the last release closed it
+    _read(cache, files, 2)
+    other = cache._entries[2]
+    cache.evict(2)  # no read holds it
+    assert other.fd == -1
+    assert _read(cache, files, 1) == bytes([1]) * 4000  # downloaded again
+    cache.close()
+
+
 def test_lru_with_frequency_weights(tmp_path):
     store = LocalStore(tmp_path / "s", fsync=False)
     files = _files(store, 4)

@@ -139,7 +139,7 @@ def test_corrupt_cached_file_heals_from_store(tmp_path):
         raw = bytearray(cached.read_bytes())
         raw[-200] ^= 0xFF
         raw[200] ^= 0xFF
-        cached.write_bytes(raw)  # the entry's mmap sees the new bytes (same inode)
+        cached.write_bytes(raw)  # the entry's open descriptor reads the new bytes (same inode)
         assert [r.read(pid) for pid in range(9)] == [PAGES[p] for p in range(9)]
         assert r.metrics()["cache_healed"] >= 1
     with ReservoirReader.open(store, cache_dir=cache) as r:  # reopen: cached copy is reused

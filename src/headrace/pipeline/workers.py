@@ -65,16 +65,15 @@ def open_reader(url: str, stream: str, version: int | None, cache_dir: str | Non
 
 
 def reader_options():
-    """The workers' reader options: the local file cache (mmapped, so it counts against an
-    address-space cap) holds ``HEADRACE_STATE_CACHE_MB`` (default 10 GiB, or a quarter of
-    ``spark.executor.pyspark.memory`` when that caps the worker); files larger than the cache
-    are read page by page with ranged GETs."""
-    from headrace.pipeline.state.cache import budget_bytes
+    """The workers' reader options: the local file cache holds ``HEADRACE_STATE_CACHE_MB``
+    (default 10 GiB of disk); files larger than the cache are read page by page with ranged
+    GETs. The cache is read with pread, not mmapped, so it takes none of the address space
+    ``spark.executor.pyspark.memory`` caps: capped workers keep the whole default cache."""
     from headrace.reservoir import ReservoirOptions
 
-    cache = budget_bytes("HEADRACE_STATE_CACHE_MB", 10 << 10, 1 / 4)
-    return ReservoirOptions(max_cache_size_bytes=cache,
-                            max_file_size=min(ReservoirOptions().max_file_size, cache))
+    mb = int(os.environ.get("HEADRACE_STATE_CACHE_MB") or 10 << 10)
+    return ReservoirOptions(max_cache_size_bytes=mb << 20,
+                            max_file_size=min(ReservoirOptions().max_file_size, mb << 20))
 
 
 _swept: set[Path] = set()

@@ -47,8 +47,8 @@ _TICKS = itertools.count()  # recency: a larger tick = used more recently (threa
 
 
 class _Entry:
-    __slots__ = ("file_id", "crc", "path", "size", "mm", "fd", "pins", "freq", "tick", "epoch",
-                 "fresh")
+    __slots__ = ("file_id", "crc", "path", "size", "fd", "direct", "pins", "freq", "tick",
+                 "epoch", "fresh", "retired")
 
     def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool,
                  epoch: int = 0):
@@ -58,35 +58,39 @@ class _Entry:
         self.tick = next(_TICKS)
         self.epoch = epoch  # the cache's epoch when the file was last read (or admitted)
         self.fresh = True  # admitted, not read yet (a download's reader is about to)
-        self.fd = -1
-        self.mm = None
+        self.retired = False  # evicted or replaced: closed once the last pin goes
+        self.fd, self.direct = -1, False
         if direct and hasattr(os, "O_DIRECT"):
-            try:
-                self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            except OSError:
-                self.fd = -1
-        if self.fd < 0 and size:
-            with open(path, "rb") as f:
-                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            with contextlib.suppress(OSError):  # a filesystem without O_DIRECT: plain reads
+                self.fd, self.direct = os.open(path, os.O_RDONLY | os.O_DIRECT), True
+        if self.fd < 0:
+            self.fd = os.open(path, os.O_RDONLY)
 
     def read(self, off: int, size: int) -> bytes:
-        if self.mm is not None:
-            return self.mm[off:off + size]
-        if self.fd >= 0:  # O_DIRECT: block-aligned read into an aligned buffer
-            start = off & ~4095
-            end = -(-(off + size) // 4096) * 4096
-            buf = mmap.mmap(-1, end - start)
-            try:
-                n = os.preadv(self.fd, [buf], start)
-                return buf[off - start:min(off - start + size, n)]
-            finally:
-                buf.close()
-        return b""
+        """``size`` bytes at ``off`` (fewer at the end of the file). A read, not an mmap: an
+        mmapped cache counts against a worker's address-space cap (RLIMIT_AS, which
+        ``spark.executor.pyspark.memory`` sets) and the slice of an mmap copies anyway; the
+        kernel's page cache keeps hot files in memory either way."""
+        if not self.direct:
+            return os.pread(self.fd, size, off)
+        start = off & ~4095  # O_DIRECT: block-aligned read into an aligned buffer
+        end = -(-(off + size) // 4096) * 4096
+        buf = mmap.mmap(-1, end - start)
+        try:
+            n = os.preadv(self.fd, [buf], start)
+            return buf[off - start:min(off - start + size, n)]
+        finally:
+            buf.close()
+
+    def retire(self) -> None:
+        """Out of the cache (call under the cache's lock): the descriptor is closed now, or by
+        the last reader's release — never under a read, which could then read whatever file
+        reused the number."""
+        self.retired = True
+        if self.pins == 0:
+            self.close()
 
     def close(self) -> None:
-        if self.mm is not None:
-            self.mm.close()
-            self.mm = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -162,21 +166,6 @@ class LocalCache:
     # -- reads -----------------------------------------------------------------------------
     def read_page(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
                   page_crc: int) -> bytes:
-        # fast path, no lock: a hit on an mmapped file. A concurrent eviction closes the mmap
-        # (the slice then raises ValueError) and we fall through to the locked path.
-        e = self._entries.get(file_id)
-        if e is not None and e.crc == file_crc and e.mm is not None:
-            try:
-                data = e.mm[off:off + size]
-            except ValueError:
-                data = None
-            if data is not None and len(data) == size and crc32(data) == page_crc:
-                e.freq += 1
-                e.tick = next(_TICKS)
-                e.epoch = self.epoch
-                e.fresh = False
-                self.hits += 1  # an attribute, not stats["hits"]: this path is ~1 µs
-                return data
         if file_size > self.max_bytes or file_id in self._uncacheable:
             return self._read_direct(file_id, off, size, page_crc)
         for attempt in (1, 2):
@@ -256,7 +245,7 @@ class LocalCache:
             old = self._entries.pop(file_id, None)
             if old is not None:
                 self._used -= old.size
-                old.close()
+                old.retire()
             self._add_entry(file_id, crc, path, size)
             self.stats["registered"] += 1
         self._wake.set()
@@ -277,9 +266,9 @@ class LocalCache:
 
     def _drop(self, e: _Entry) -> None:
         self._used -= e.size
-        e.close()
+        e.retire()
         with contextlib.suppress(FileNotFoundError):
-            e.path.unlink()
+            e.path.unlink()  # an open descriptor still reads it
         self.stats["evictions"] += 1
         self._space.notify_all()
 
@@ -315,6 +304,8 @@ class LocalCache:
         with self._lock:
             e.pins -= 1
             if e.pins == 0:
+                if e.retired:
+                    e.close()
                 self._space.notify_all()
 
     def _download(self, file_id: int, file_size: int, file_crc: int) -> bytes | None:
