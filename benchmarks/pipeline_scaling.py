@@ -333,7 +333,7 @@ def _capacity_child(root: str, ckpt: str, partitions: int, buckets: int) -> dict
     spark = _spark_capped(partitions)
     p = _build(spark, root, ckpt, partitions, buckets=buckets)
     per_batch, seen = [], {"gets": 0, "bytes": 0}
-    peak = {"VmHWM": 0}
+    peak = {"VmHWM": 0, "VmPeak": 0}
     stop = threading.Event()
 
     def sample() -> None:  # the workers are children of the JVM, which is our child
@@ -347,7 +347,8 @@ def _capacity_child(root: str, ckpt: str, partitions: int, buckets: int) -> dict
         gets, got = p.metrics["task_gets"], p.metrics["task_bytes_read"]
         per_batch.append({"seconds": round(info["seconds"], 3), "rows": info["input_rows"],
                           "task_gets": int(gets - seen["gets"]),
-                          "task_bytes_read": int(got - seen["bytes"])})
+                          "task_bytes_read": int(got - seen["bytes"]),
+                          "worker_peak_vm_mib": round(peak["VmPeak"] / 2**20)})
         seen.update(gets=gets, bytes=got)
         print("batch " + json.dumps(per_batch[-1]), flush=True)
 
@@ -357,6 +358,7 @@ def _capacity_child(root: str, ckpt: str, partitions: int, buckets: int) -> dict
     state = _state_objects(root)
     spark.stop()
     return {"batches": per_batch, "worker_peak_rss_mib": peak["VmHWM"] / 2**20,
+            "worker_peak_vm_mib": peak["VmPeak"] / 2**20,
             "state_bytes": sum(state.values()), "state_objects": len(state)}
 
 
@@ -376,8 +378,9 @@ def _spark_capped(partitions: int):
 
 
 def _python_workers_peak() -> dict[str, int]:
-    """Largest VmHWM (peak RSS) of the pyspark worker processes on this machine, in bytes."""
-    best = {"VmHWM": 0}
+    """Largest VmHWM (peak RSS) and VmPeak (peak address space, what the cap limits) of the
+    pyspark worker processes on this machine, in bytes."""
+    best = {"VmHWM": 0, "VmPeak": 0}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -417,6 +420,7 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
         f"capacity_n{n_keys}_ran": int(ran),
         f"capacity_n{n_keys}_wall_s": wall,
         f"capacity_n{n_keys}_worker_peak_rss_mib": r.get("worker_peak_rss_mib", -1),
+        f"capacity_n{n_keys}_worker_peak_vm_mib": r.get("worker_peak_vm_mib", -1),
         f"capacity_n{n_keys}_worker_memory_cap": WORKER_MEMORY,
         f"capacity_n{n_keys}_buckets": int(os.environ.get("HEADRACE_BENCH_BUCKETS", "32")),
         f"capacity_n{n_keys}_state_bytes": r.get("state_bytes", -1),

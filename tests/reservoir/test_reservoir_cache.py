@@ -3,6 +3,9 @@ eviction from 80%, waiting when everything is pinned, retention on open, compact
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -49,27 +52,48 @@ def test_miss_downloads_once_then_hits(tmp_path):
     cache.close()
 
 
-def test_a_file_evicted_under_a_read_is_still_read_whole(tmp_path):
-    """Reader and evictor, both orders: an entry evicted while a read holds it keeps its
-    descriptor until that read releases it (closing it under the read could hand the number
-    to another file); evicted with no reader, its descriptor closes at once."""
+@pytest.mark.parametrize("mapped", [True, False], ids=["mmap", "pread"])
+def test_a_file_evicted_under_a_read_is_still_read_whole(tmp_path, mapped):
+    """Reader and evictor: a read holds the open file it reads, so an eviction in the middle
+    of the read neither unmaps it nor closes (and frees for reuse) its descriptor; the file
+    closes when the read lets go. Evicted between reads, the next read downloads it again."""
     store = LocalStore(tmp_path / "s", fsync=False)
     files = _files(store, 2)
     cache = _cache(tmp_path, store, 1 << 20)
+    cache._mapped = mapped  # pread is what a worker under an address-space cap uses
     _read(cache, files, 1)
-    size, crc, off, psize, _pcrc = files[1]
-    entry = cache._acquire(1, size, crc)  # a read in progress holds the entry
-    cache.evict(1)
-    assert not entry.path.exists() and entry.fd >= 0
-    assert cache._entries.get(1) is None
-    assert entry.read(off, psize) == bytes([1]) * 4000  # the open descriptor still reads it
-    cache._release(entry)
-    assert entry.fd == -1  # the last release closed it
-    _read(cache, files, 2)
-    other = cache._entries[2]
-    cache.evict(2)  # no read holds it
-    assert other.fd == -1
+    _size, _crc, off, psize, _pcrc = files[1]
+    held = cache._entries[1].file  # what a read in progress holds
+    fd = None if mapped else held.fd
+    cache.evict(1)  # the evictor runs in the middle of the read
+    assert cache._entries.get(1) is None and not list((tmp_path / "cache").glob("*.dat"))
+    assert held[off:off + psize] == bytes([1]) * 4000  # still open, though unlinked
+    del held  # the read returns
+    if fd is not None:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed with the last reference
     assert _read(cache, files, 1) == bytes([1]) * 4000  # downloaded again
+    assert cache.metrics()["downloads"] == 2
+    cache.close()
+
+
+def test_capped_address_space_reads_cached_files_instead_of_mapping_them(tmp_path):
+    """spark.executor.pyspark.memory caps a Python worker's address space (RLIMIT_AS): there
+    the cache reads its files with pread, so a 10 GiB disk cache takes no address space."""
+    code = (
+        "import resource, sys; from pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))\n"
+        "from headrace.reservoir import ReservoirOptions\n"
+        "from headrace.reservoir.cache import LocalCache\n"
+        "from headrace.store import LocalStore\n"
+        "c = LocalCache(Path(sys.argv[1]), LocalStore(Path(sys.argv[2])), ReservoirOptions(),\n"
+        "               str)\n"
+        "print(c._mapped); c.close()\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), str(tmp_path / "s")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    cache = _cache(tmp_path, LocalStore(tmp_path / "s2", fsync=False), 1 << 20)
+    assert cache._mapped  # this test process is not capped
     cache.close()
 
 

@@ -304,7 +304,7 @@ def test_padded_files_and_direct_io_reads(tmp_path):
         assert all(int(o) % 4096 == 0 for o in state.offs)
         assert all(r.read(p) == d for p, d in pages.items())
         entries = list(r.source.cache._entries.values())
-        assert entries and all(e.fd >= 0 for e in entries)
+        assert entries and all(e.file is not None for e in entries)
 
 
 @pytest.mark.parametrize("registry", ["bundled", "file"])

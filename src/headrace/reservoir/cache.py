@@ -20,6 +20,9 @@
   again until the next, and of last epoch's files the last read is needed last. A cyclic scan
   of N files through a cache of C then misses about N - C files per epoch instead of N.
 - Files are named ``{file_id:016x}-{crc64:016x}.dat`` so a reused id can never alias.
+- Cached files are mmapped, except where the process's address space is capped (RLIMIT_AS, as
+  ``spark.executor.pyspark.memory`` caps Python workers): there they are read with pread, so
+  the cache's size is bounded by its disk budget, not by the cap.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import itertools
 import logging
 import mmap
 import os
+import resource
 import secrets
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,19 +50,14 @@ _LRU_CANDIDATES = 8
 _TICKS = itertools.count()  # recency: a larger tick = used more recently (thread-safe counter)
 
 
-class _Entry:
-    __slots__ = ("file_id", "crc", "path", "size", "fd", "direct", "pins", "freq", "tick",
-                 "epoch", "fresh", "retired")
+class _File:
+    """An open cached file, read with pread (or O_DIRECT). Its descriptor closes when the last
+    reference goes: a read holds one, so an eviction under a read never closes the descriptor
+    the read is using (nor lets another file reuse its number)."""
 
-    def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool,
-                 epoch: int = 0):
-        self.file_id, self.crc, self.path, self.size = file_id, crc, path, size
-        self.pins = 0
-        self.freq = 1
-        self.tick = next(_TICKS)
-        self.epoch = epoch  # the cache's epoch when the file was last read (or admitted)
-        self.fresh = True  # admitted, not read yet (a download's reader is about to)
-        self.retired = False  # evicted or replaced: closed once the last pin goes
+    __slots__ = ("fd", "direct")
+
+    def __init__(self, path: Path, direct: bool):
         self.fd, self.direct = -1, False
         if direct and hasattr(os, "O_DIRECT"):
             with contextlib.suppress(OSError):  # a filesystem without O_DIRECT: plain reads
@@ -66,11 +65,8 @@ class _Entry:
         if self.fd < 0:
             self.fd = os.open(path, os.O_RDONLY)
 
-    def read(self, off: int, size: int) -> bytes:
-        """``size`` bytes at ``off`` (fewer at the end of the file). A read, not an mmap: an
-        mmapped cache counts against a worker's address-space cap (RLIMIT_AS, which
-        ``spark.executor.pyspark.memory`` sets) and the slice of an mmap copies anyway; the
-        kernel's page cache keeps hot files in memory either way."""
+    def __getitem__(self, span: slice) -> bytes:
+        off, size = span.start, span.stop - span.start
         if not self.direct:
             return os.pread(self.fd, size, off)
         start = off & ~4095  # O_DIRECT: block-aligned read into an aligned buffer
@@ -82,18 +78,52 @@ class _Entry:
         finally:
             buf.close()
 
-    def retire(self) -> None:
-        """Out of the cache (call under the cache's lock): the descriptor is closed now, or by
-        the last reader's release — never under a read, which could then read whatever file
-        reused the number."""
-        self.retired = True
-        if self.pins == 0:
-            self.close()
-
-    def close(self) -> None:
+    def __del__(self):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _map_files(direct: bool) -> bool:
+    """mmap cached files unless this process's address space is capped (RLIMIT_AS, which
+    ``spark.executor.pyspark.memory`` sets on Python workers) or O_DIRECT is asked for. A
+    slice of an mmap is ~0.5 µs faster than a pread; under a cap, mapped files would take
+    the address space the task needs (the kernel's page cache keeps hot files in memory
+    either way)."""
+    if direct:
+        return False
+    try:
+        return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+class _Entry:
+    __slots__ = ("file_id", "crc", "path", "size", "file", "pins", "freq", "tick", "epoch",
+                 "fresh")
+
+    def __init__(self, file_id: int, crc: int, path: Path, size: int, direct: bool,
+                 mapped: bool, epoch: int = 0):
+        self.file_id, self.crc, self.path, self.size = file_id, crc, path, size
+        self.pins = 0
+        self.freq = 1
+        self.tick = next(_TICKS)
+        self.epoch = epoch  # the cache's epoch when the file was last read (or admitted)
+        self.fresh = True  # admitted, not read yet (a download's reader is about to)
+        self.file: mmap.mmap | _File | None = None  # None once evicted (or for an empty file)
+        if mapped and size:
+            with open(path, "rb") as f:
+                self.file = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        elif size:
+            self.file = _File(path, direct)
+
+    def read(self, off: int, size: int) -> bytes:
+        f = self.file  # this reference keeps the file open (or mapped) until we return
+        return f[off:off + size] if f is not None else b""
+
+    def close(self) -> None:
+        """Out of the cache: closed (or unmapped) once no read holds it."""
+        self.file = None
 
 
 class _Uncacheable(Exception):
@@ -109,6 +139,7 @@ class LocalCache:
         self.opts = options
         self.key_of = key_of  # file id -> object key
         self.max_bytes = options.max_cache_size_bytes
+        self._mapped = _map_files(options.direct_io)
         self._entries: dict[int, _Entry] = {}
         self._inflight: dict[int, Future] = {}
         self._uncacheable: set[int] = set()
@@ -166,6 +197,19 @@ class LocalCache:
     # -- reads -----------------------------------------------------------------------------
     def read_page(self, file_id: int, file_size: int, file_crc: int, off: int, size: int,
                   page_crc: int) -> bytes:
+        # fast path, no lock: a hit. ``f`` keeps the file open (or mapped) even if an eviction
+        # runs meanwhile; a read that comes back wrong falls through to the locked path.
+        e = self._entries.get(file_id)
+        f = e.file if e is not None and e.crc == file_crc else None
+        if f is not None:
+            data = f[off:off + size]
+            if len(data) == size and crc32(data) == page_crc:
+                e.freq += 1
+                e.tick = next(_TICKS)
+                e.epoch = self.epoch
+                e.fresh = False
+                self.hits += 1  # an attribute, not stats["hits"]: this path is ~1 µs
+                return data
         if file_size > self.max_bytes or file_id in self._uncacheable:
             return self._read_direct(file_id, off, size, page_crc)
         for attempt in (1, 2):
@@ -245,7 +289,7 @@ class LocalCache:
             old = self._entries.pop(file_id, None)
             if old is not None:
                 self._used -= old.size
-                old.retire()
+                old.close()
             self._add_entry(file_id, crc, path, size)
             self.stats["registered"] += 1
         self._wake.set()
@@ -259,14 +303,14 @@ class LocalCache:
     # -- internals -------------------------------------------------------------------------
     def _add_entry(self, file_id: int, crc: int, path: Path, size: int) -> None:
         self._entries[file_id] = _Entry(file_id, crc, path, size, self.opts.direct_io,
-                                        self.epoch)
+                                        self._mapped, self.epoch)
         self._used += size
         if self._used > self.opts.cache_evict_from * self.max_bytes:
             self._wake.set()  # the evictor sleeps until the cache is over its mark
 
     def _drop(self, e: _Entry) -> None:
         self._used -= e.size
-        e.retire()
+        e.close()
         with contextlib.suppress(FileNotFoundError):
             e.path.unlink()  # an open descriptor still reads it
         self.stats["evictions"] += 1
@@ -304,8 +348,6 @@ class LocalCache:
         with self._lock:
             e.pins -= 1
             if e.pins == 0:
-                if e.retired:
-                    e.close()
                 self._space.notify_all()
 
     def _download(self, file_id: int, file_size: int, file_crc: int) -> bytes | None:
