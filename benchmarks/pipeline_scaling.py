@@ -168,7 +168,7 @@ def spark_run(spark, input_dir: Path, work: Path, partitions: int,
 
 
 def amortised_state_bytes(work: Path, n_keys: int, delta: int, batches: int = 64,
-                          partitions: int = 4, buckets: int = 32) -> dict:
+                          partitions: int = 4, buckets: int = 32, load: int = 1_000_000) -> dict:
     """State bytes per micro-batch over ``batches`` steady batches, every merge they trigger
     included (the run above measures only STEADY batches, too few for the larger merges).
 
@@ -208,7 +208,7 @@ def amortised_state_bytes(work: Path, n_keys: int, delta: int, batches: int = 64
     rng = np.random.default_rng(7)
     version, sizes = None, []
     perm = rng.permutation(n_keys).astype(np.int64)
-    loads = [perm[lo:lo + 1_000_000] for lo in range(0, n_keys, 1_000_000)]
+    loads = [perm[lo:lo + load] for lo in range(0, n_keys, load)]
     for t, keys in enumerate(loads + [rng.integers(0, n_keys, delta) for _ in range(batches)]):
         h = (keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
         table = pa.table({"key": keys, "amount": rng.integers(1, 1001, len(keys)),
@@ -363,14 +363,10 @@ def _capacity_child(root: str, ckpt: str, partitions: int, buckets: int) -> dict
 
 
 def _spark_capped(partitions: int):
-    """A session whose Python workers are capped (RLIMIT_AS). Under an address-space cap the
-    allocators' reservations count, not only what is used: the workers inherit this process's
-    environment, so Arrow allocates with the system allocator (jemalloc retains address space
-    it has used) and glibc keeps 2 arenas (each thread's arena reserves 64 MiB)."""
+    """A session whose Python workers are capped (RLIMIT_AS). Nothing else to set: headrace's
+    worker daemon fits the allocators to the cap itself (spark/worker_daemon.py)."""
     from headrace.testing.spark import local_spark
 
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     return local_spark("headrace-capacity", master="local[2]", shuffle_partitions=partitions,
                        extra={"spark.sql.adaptive.enabled": "false",
                               "spark.driver.memory": "2g",

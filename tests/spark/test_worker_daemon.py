@@ -62,3 +62,44 @@ def test_only_the_zip_shipped_inside_this_pyspark_is_dropped(tmp_path):
         assert elsewhere in sys.path  # another Spark's zip may be another build: kept
     finally:
         sys.path[:] = saved
+
+
+_HOLES = """
+import ctypes, os, sys
+if sys.argv[1] == "capped":
+    os.environ["PYSPARK_EXECUTOR_MEMORY_MB"] = "1024"
+from headrace.spark import worker_daemon
+worker_daemon._fit_allocators_to_cap()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def vm_kib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1])
+libc.free(libc.malloc(16 << 20))  # glibc's dynamic threshold now puts blocks < 16 MiB on the heap
+before = vm_kib()
+big, small = [], []
+for _ in range(32):  # 2 MiB buffers with live 256 KiB ones between them; the 2 MiB ones go
+    big.append(libc.malloc(2 << 20))
+    small.append(libc.malloc(256 << 10))
+for p in big:
+    libc.free(p)
+print(vm_kib() - before, os.environ.get("ARROW_DEFAULT_MEMORY_POOL"))
+"""
+
+
+def test_capped_workers_return_the_address_space_of_freed_buffers():
+    """Under spark.executor.pyspark.memory (RLIMIT_AS counts address space) the daemon fixes
+    glibc's mmap threshold at 1 MiB before forking: freed large buffers go back to the system
+    instead of leaving holes in the heap, and Arrow uses the system allocator. Without a cap
+    nothing changes."""
+    out = {}
+    for mode in ("capped", "uncapped"):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYSPARK_EXECUTOR_MEMORY_MB", "ARROW_DEFAULT_MEMORY_POOL",
+                            "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX")}
+        grew, pool = subprocess.run([sys.executable, "-c", _HOLES, mode], env=env, check=True,
+                                    capture_output=True, text=True).stdout.split()
+        out[mode] = (int(grew), pool)
+    # the live 256 KiB buffers hold 8 MiB either way; the freed 2 MiB ones held 64 MiB as holes
+    assert out["capped"][0] < 12 << 10 and out["capped"][1] == "system", out
+    assert out["uncapped"][0] > 48 << 10 and out["uncapped"][1] == "None", out  # heap holes

@@ -8,7 +8,7 @@ from the installed package). A micro-batch of a pipeline uses several workers pe
 (the queue read, each Python stage), and Spark replaces idle ones, so the 2 cores of a small
 machine spent seconds per query compiling.
 
-This daemon does three things, then runs PySpark's own (``pyspark.daemon.manager``):
+This daemon does four things, then runs PySpark's own (``pyspark.daemon.manager``):
 
 1. When the zip is the one pip ships inside the very PySpark package installed here (the same
    build), it is taken off the path, so imports use the package and its cached bytecode. A
@@ -24,10 +24,20 @@ This daemon does three things, then runs PySpark's own (``pyspark.daemon.manager
    daemon before forking, and once in each worker at the start of its second task, when the
    first task has imported the modules and the daemon has just collected (so nothing frozen is
    garbage). Objects made later are collected as before.
+4. Where ``spark.executor.pyspark.memory`` caps the workers (Spark passes the cap as
+   ``PYSPARK_EXECUTOR_MEMORY_MB`` and each worker sets RLIMIT_AS, which counts address space,
+   not memory in use), it fits the allocators to the cap, unless the user's environment says
+   otherwise: Arrow allocates with the system allocator (jemalloc keeps address space it has
+   used), glibc keeps 2 arenas (each thread's arena reserves 64 MiB) and mmaps every block of
+   1 MiB or more (glibc's threshold otherwise rises to 32 MiB as large blocks are freed; the
+   heap then holds them and keeps the holes they leave). Measured, one bucket's 1.5M-key state
+   built and merged under a 1 GiB cap: peak address space 852 -> 795 MB with the fixed
+   threshold alone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -67,6 +77,29 @@ def _preload() -> None:
                            "spark.python.daemon.module")
 
 
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
+
+
+def _fit_allocators_to_cap() -> None:
+    """Item 4 of the module docstring; runs before the fork, so every worker inherits it."""
+    try:
+        capped = int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB") or -1) > 0
+    except ValueError:
+        capped = False
+    if not capped:
+        return
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # read when pyarrow loads
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        mallopt(_M_ARENA_MAX, 2)
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
 def _freeze_after_first_task() -> None:
     import pyspark.worker
 
@@ -84,6 +117,7 @@ def _freeze_after_first_task() -> None:
 
 if __name__ == "__main__":
     _drop_shipped_zip()
+    _fit_allocators_to_cap()
     _preload()
     _freeze_after_first_task()
     gc.collect()
