@@ -16,7 +16,12 @@ import pyarrow.compute as pc
 
 from headrace.pipeline.operators.base import ZSET_SCHEMA
 from headrace.pipeline.state.layout import KIND_REPLACE
-from headrace.pipeline.state.zset import consolidate, distinct_sorted_keys, empty_zset
+from headrace.pipeline.state.zset import (
+    consolidate,
+    distinct_sorted_keys,
+    empty_zset,
+    key_ids,
+)
 
 
 def concat(parts: list) -> pa.Table:
@@ -49,9 +54,8 @@ def resolve(t: pa.Table, rpos: np.ndarray, replacing: np.ndarray):
     dropped. Returns (rows, their positions)."""
     keep = np.asarray(pc.not_equal(t.column("w"), 0).to_numpy(zero_copy_only=False), bool)
     if replacing.any():
-        # key ids by hashing (no sort, no query plan), then per key the newest replacing run
-        codes = pc.dictionary_encode(t.column("key").combine_chunks()).indices
-        ids = np.asarray(codes.to_numpy(zero_copy_only=False), np.int64)
+        # an id per key, then per key the newest replacing run
+        ids = key_ids(t.column("key").combine_chunks())
         newest = np.full(int(ids.max()) + 1, -1, np.int64)
         np.maximum.at(newest, ids[replacing], rpos[replacing])
         keep &= rpos >= newest[ids]
