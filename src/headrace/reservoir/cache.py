@@ -78,9 +78,9 @@ class _File:
         finally:
             buf.close()
 
-    def __del__(self):
+    def __del__(self, _close=os.close):  # bound early: it may run at interpreter exit
         if self.fd >= 0:
-            os.close(self.fd)
+            _close(self.fd)
             self.fd = -1
 
 
