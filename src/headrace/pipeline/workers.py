@@ -67,8 +67,9 @@ def open_reader(url: str, stream: str, version: int | None, cache_dir: str | Non
 def reader_options():
     """The workers' reader options: the local file cache holds ``HEADRACE_STATE_CACHE_MB``
     (default 10 GiB of disk); files larger than the cache are read page by page with ranged
-    GETs. The cache is read with pread, not mmapped, so it takes none of the address space
-    ``spark.executor.pyspark.memory`` caps: capped workers keep the whole default cache."""
+    GETs. Where ``spark.executor.pyspark.memory`` caps the worker's address space the cache
+    reads its files with pread instead of mapping them (reservoir/cache.py), so it takes none
+    of the cap: capped workers keep the whole default cache."""
     from headrace.reservoir import ReservoirOptions
 
     mb = int(os.environ.get("HEADRACE_STATE_CACHE_MB") or 10 << 10)
