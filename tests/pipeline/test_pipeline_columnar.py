@@ -124,3 +124,66 @@ def test_a_columnar_entry_that_does_not_decode_goes_to_the_dead_letter_shard(spa
     assert p.metrics["bad_entries"] == 1
     equal, why = rows_equal(p.read_shard("col.out"), _expected(spark, good, tags))
     assert equal, why
+
+
+def _grouped(spark, root, ckpt, store=None):
+    from headrace.pipeline.runner import Pipeline
+
+    p = Pipeline(spark, root, name="dir", partitions=2, buckets=4, checkpoint_dir=ckpt,
+                 batches_per_trigger=1, store=store)
+    src = p.read_queue("in", {"t": T, "u": U})
+    # no max(v): over a group of 0.0 and -0.0 Spark's batch answer depends on the row order
+    p.write_shard(p.aggregate(src["t"], by=["k", "s", "v"], aggs={"n": "count",
+                                                                  "t": "sum(k)"}, name="g"),
+                  "dir.out")
+    return p
+
+
+def _crash_at_checkpoint(spark, root, ckpt, at: int):
+    from headrace.store import FaultyStore, open_store
+
+    class FailAtCheckpoint(FaultyStore):
+        def put(self, key, data, *args, **kw):
+            if key.startswith("dir.state/") and p.time >= at:
+                raise OSError("injected: the driver died at the state checkpoint")
+            return super().put(key, data, *args, **kw)
+
+    p = _grouped(spark, root, ckpt, store=FailAtCheckpoint(open_store(root)))
+    with pytest.raises(Exception, match="injected"):
+        p.run(until_idle=True)
+    assert p.time == at
+
+
+def test_an_interrupted_columnar_batch_runs_as_the_direct_job_and_json_falls_back(spark,
+                                                                                   tmp_path):
+    """A restart runs the interrupted batch of a one-operator pipeline as the direct job
+    (direct.py: each task reads the range, buckets rows by our xxhash64) when the range is
+    columnar only: its keys (long, string, double with -0.0/NaN, NULLs) meet the state the
+    static plan bucketed with Spark's xxhash64, so the shard equals Spark batch SQL. A range
+    with a JSON entry (and another table's rows) runs on the static plan instead."""
+    from pyspark.sql import functions as F
+
+    root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
+    a, b, c = _rows(11, 80), _rows(12, 80), _rows(13, 40)
+    produce_entries(root, "in", encode_columnar("t", a, T, entry_bytes=700))
+    produce_entries(root, "in", encode_columnar("t", b, T, entry_bytes=900)
+                    + encode_columnar("t", a[:9], T, weight=-1))
+    _crash_at_checkpoint(spark, root, ckpt, 1)
+    # the restart's direct batch itself dies at its checkpoint: its tasks' uploads are garbage
+    # and the next restart runs the batch directly again
+    _crash_at_checkpoint(spark, root, ckpt, 1)
+    p = _grouped(spark, root, ckpt)
+    p.run(until_idle=True)
+    assert (p.time, p.metrics["direct_batches"]) == (2, 1)
+
+    produce_entries(root, "in", encode_columnar("t", c, T) + encode_entries("t", b[:3])
+                    + encode_columnar("u", _tags(14), U))
+    _crash_at_checkpoint(spark, root, ckpt, 2)
+    p = _grouped(spark, root, ckpt)
+    p.run(until_idle=True)
+    assert (p.time, p.metrics["direct_batches"], p.metrics["static_batches"]) == (3, 0, 1)
+    expected = batch_result(spark, {"t": T}, {"t": a[9:] + b + b[:3] + c},
+                            lambda s: s["t"].groupBy("k", "s", "v").agg(
+                                F.count("*").alias("n"), F.sum("k").alias("t")))
+    equal, why = rows_equal(p.read_shard("dir.out"), expected)
+    assert equal, why

@@ -247,28 +247,37 @@ def task_fn(spec: StageSpec, ctx: TaskContextSpec):
     return fn
 
 
+def range_batches(store, queue: str, after: int, through: int) -> list[tuple]:
+    """The queue batches holding sequences (after, through], as the (sequence, location,
+    metadata items) that ``queue_source.read_batches`` reads (the driver lists the manifest
+    only); RangeGone if the queue no longer holds them all."""
+    from headrace.buffer import list_entries
+
+    entries = [e for e in list_entries(store, f"{queue}/manifest", after)
+               if e.sequence <= through]
+    if not entries or entries[-1].sequence != through:
+        raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
+                        "needed to recover")
+    return [(e.sequence, e.location, [(m.start_index, m.ingestion_time_ms, m.payload)
+                                      for m in e.metadata]) for e in entries]
+
+
 def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int,
              splits: int = 1, decoder: Decoder | None = None):
     """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS (then ``decoder``'s
     struct columns: columnar entries arrive as their rows) read by executors (the driver lists
     the manifest only)."""
-    from headrace.buffer import list_entries
     from headrace.pipeline.columnar import columns_option
 
     manifest = f"{queue}/manifest"
     ddl = decoder.entries_ddl() if decoder is not None else ENTRY_DDL
     if through <= after:
         return spark.createDataFrame([], ddl)
-    entries = [e for e in list_entries(store, manifest, after) if e.sequence <= through]
-    if not entries or entries[-1].sequence != through:
-        raise RangeGone(f"queue {queue!r} no longer holds sequences ({after}, {through}] "
-                        "needed to recover")
     # the few (sequence, location, metadata) travel in the task function; spark.range only
     # numbers them (a DataFrame built from driver data costs a stage and, on a cold restart, a
     # Python worker's start-up of its own). Each batch is read by ``splits`` tasks, as the
     # queue source does (splits_per_batch): task i keeps share i % splits of batch i // splits.
-    todo = [(e.sequence, e.location, [(m.start_index, m.ingestion_time_ms, m.payload)
-                                      for m in e.metadata]) for e in entries]
+    todo = range_batches(store, queue, after, through)
     k = max(1, splits)
     mine = decoder.queue_columns(queue) if decoder is not None else pa.schema([])
     option = columns_option(mine) if len(mine) else None

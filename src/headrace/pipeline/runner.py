@@ -466,11 +466,14 @@ class Pipeline(PipelineBuilder):
 
         register(self.spark)
         self.recover()
-        # the workers start and load the state while the driver plans the first batch
-        warm_workers(self.spark, TaskContextSpec(
-            url=self.root, stream=self.stream, state_version=self.bindings.get(STATE_KEY),
-            run_prefix="warm", cache_dir=self.cache_dir, backend=self.state_backend),
-            on_requests=self._warm_requests.append)  # counted with the next batch's
+        from headrace.pipeline.restart import runs_direct
+
+        if not runs_direct(self):  # the direct job starts the workers itself
+            # the workers start and load the state while the driver plans the first batch
+            warm_workers(self.spark, TaskContextSpec(
+                url=self.root, stream=self.stream, state_version=self.bindings.get(STATE_KEY),
+                run_prefix="warm", cache_dir=self.cache_dir, backend=self.state_backend),
+                on_requests=self._warm_requests.append)  # counted with the next batch's
         self._run_interrupted_batch()
         if until_idle and self.streams:  # ingest what the streams hold now, then process it
             try:
