@@ -33,7 +33,7 @@ behind them the entries check runs in ``checked_task`` and reports through an ac
 since a step may drop any row), each later one reading only the one before, each but the last
 read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
 shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
-before the query starts. Every other pipeline, and every recovery replay or history batch, runs
+before the query starts (or, with one operator, as direct.py's job). Every other pipeline, and every recovery replay or history batch, runs
 the per-batch job. The driver's side is static_batch.py.
 """
 
