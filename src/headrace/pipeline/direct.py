@@ -6,15 +6,16 @@ task starts; the restart is CPU-bound, so that planning is time lost (docs/pipel
 "Spark's checkpoint"). The recorded queue range is small and known, so each task can read all
 of it and keep its own buckets instead:
 
-    driver: list the range's queue batches (the manifest) → an RDD of ``partitions`` numbers →
-    each task: fetch every batch of the range, keep the columnar rows of the tables the operator
-    reads, bucket them as Spark's plan would (sparkhash: ``pmod(xxhash64(key), buckets)``),
-    keep the buckets ``job.task_of_bucket`` gives it, run the operator (tasks.run_stage_partition)
-    → the driver collects the control rows and commits as any static-plan batch
+    driver: list the range's queue batches (the manifest) → an RDD of one number per task →
+    task i of T: fetch every batch of the range, keep the columnar rows of the tables the
+    operator reads, bucket them as Spark's plan would (sparkhash: ``pmod(xxhash64(key),
+    buckets)``), keep the buckets b with b·T // buckets = i, run the operator
+    (tasks.run_stage_partition) → the driver collects the control rows and commits as any static-plan batch
     (static_batch.commit: same parameters, same run-prefix check, same commit).
 
-Reading the range in every task costs ``partitions`` GETs per queue batch (the static plan's
-first stage pays ``splits_per_batch``, here the same on a 2-core machine) and no shuffle.
+The job has one task per core, at most ``partitions`` (``splits_per_batch``); any task may
+take any bucket, as on every restart. Reading the range in every task costs that many GETs per
+queue batch, as the static plan's first stage pays, and no shuffle.
 
 Shape: the static plan's, with a single operator reading its table(s) directly (no stateless
 steps: they are Spark expressions), every key column of a type sparkhash hashes. The range
@@ -83,12 +84,15 @@ def collect(p, op: Operator, through: int):
         raise NotDirect(str(e)) from e
     decoder = p._decoder()
     structs = [decoder.columns.names[decoder.sources.index(s)] for s in op.sources]
+    # one task per core, at most ``partitions``: each reads the whole range, so more tasks
+    # than cores would only read it more often
+    tasks = p._splits_per_batch()
     task = _task(p.root, queue, todo, decoder.queue_columns(queue), structs,
-                 [s.schema for s in op.sources], op.bucket_columns, p.buckets, p.partitions)
+                 [s.schema for s in op.sources], op.bucket_columns, p.buckets, tasks)
 
     class Job:
         def toArrow(self) -> pa.Table:  # noqa: N802 - the DataFrame method commit calls
-            rows = _run(p.spark, task, p.partitions)
+            rows = _run(p.spark, task, tasks)
             refused = [r[1].decode() for r in rows if r[0] == FALLBACK]
             if refused:
                 raise NotDirect(refused[0])
@@ -101,7 +105,7 @@ def collect(p, op: Operator, through: int):
     return Job()
 
 
-def _run(spark, task, partitions: int) -> list[tuple[str, bytes]]:
+def _run(spark, task, tasks: int) -> list[tuple[str, bytes]]:
     """The RDD job, its Python workers started in the pool SQL's tasks use."""
     sc = spark.sparkContext
     env = sc.environment
@@ -110,7 +114,7 @@ def _run(spark, task, partitions: int) -> list[tuple[str, bytes]]:
     if added:
         env["SPARK_SIMPLIFIED_TRACEBACK"] = "1"
     try:
-        return sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(
+        return sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
             task).collect()
     finally:
         if added:
@@ -119,7 +123,7 @@ def _run(spark, task, partitions: int) -> list[tuple[str, bytes]]:
 
 def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[str],
           schemas: list[pa.Schema], bucket_columns: list[list[str]], buckets: int,
-          partitions: int):
+          tasks: int):
     """Task ``index``: every queue batch of the range in; the control rows of its buckets'
     operator stage out (the entries counted by task 0)."""
     from headrace.pipeline.columnar import columns_option
@@ -136,7 +140,7 @@ def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[st
         pieces = list(read_batches(url, manifest, queue, todo, (0, 1), option))
         rows = pa.Table.from_batches(pieces) if pieces else None
         try:
-            kept = _rows(rows, structs, schemas, bucket_columns, buckets, partitions, index)
+            kept = _rows(rows, structs, schemas, bucket_columns, buckets, tasks, index)
         except NotDirect as e:
             yield FALLBACK, str(e).encode()
             return
@@ -154,7 +158,7 @@ def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[st
 
 
 def _rows(rows: pa.Table | None, structs: list[str], schemas: list[pa.Schema],
-          bucket_columns: list[list[str]], buckets: int, partitions: int,
+          bucket_columns: list[list[str]], buckets: int, tasks: int,
           index: int) -> pa.Table | None:
     """The rows of task ``index``'s buckets as the static plan's first stage gives them to
     the operator: SIDE, the tables' columns, W, BUCKET. NotDirect on any entry only the
@@ -179,7 +183,7 @@ def _rows(rows: pa.Table | None, structs: list[str], schemas: list[pa.Schema],
             continue
         n = len(mine)
         bucket = sparkhash.buckets([mine.field(c) for c in keys], n, buckets)
-        take = np.flatnonzero(bucket.astype(np.int64) * partitions // buckets == index)
+        take = np.flatnonzero(bucket.astype(np.int64) * tasks // buckets == index)
         if not len(take):
             continue
         picked = pa.Table.from_arrays(
