@@ -20,7 +20,9 @@ seconds after ``run()`` is called:
 Run: ``python benchmarks/restart_profile.py [--keys 250000] [--restarts 4] [--alternate
 NAME=VALUE]``; ``--alternate`` runs every other restart with that environment variable set
 (an A/B of a change behind a switch, on the same crashed state, interleaved so the machine's
-drift hits both). No results file: a diagnostic; the figures that count are pipeline_scaling's.
+drift hits both; ``--alternate HEADRACE_DIRECT_RESTART=0``: the static plan against the direct
+job, pipeline/direct.py). No results file: a diagnostic; the figures that count are
+pipeline_scaling's.
 """
 
 from __future__ import annotations
