@@ -38,7 +38,9 @@ Also measured, each in fresh processes:
   that artefact: 671.8 vs 818.4 MiB);
 - recovery: a child driver is SIGKILLed at the state checkpoint of a batch; a fresh child
   restarts -> first batch committed (SparkSession start excluded), vs Spark's baseline measured
-  the same way (spark_baseline._measure_recovery).
+  the same way (spark_baseline._measure_recovery). Since session 20 headrace's restart runs the
+  interrupted batch as the direct job (pipeline/direct.py: one stage of Python tasks, no
+  Catalyst plan); ``HEADRACE_DIRECT_RESTART=0`` measures the static plan's restart instead.
 
 Full mode: ``python benchmarks/pipeline_scaling.py`` (1M, 4M and 16M keys, 100k-row deltas;
 34-45 minutes on this 2-core machine in session 15's three runs, 41 in session 18); quick:
