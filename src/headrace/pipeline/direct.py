@@ -167,18 +167,19 @@ def _rows(rows: pa.Table | None, structs: list[str], schemas: list[pa.Schema],
         return None
     if rows["entry"].null_count != rows.num_rows:
         raise NotDirect("the range holds JSON entries (or columnar ones that do not decode)")
-    struct_names = [n for n in rows.column_names if n not in ("sequence", "index", "entry",
-                                                              "ingestion_time_ms", "metadata")]
-    for name in struct_names:  # every table's rows, read or not: a weight of 0 is a bad entry
+    tables = {}  # struct column -> its rows (filtered: offset 0, so .field() is exact)
+    for name in rows.column_names:
+        if name in ("sequence", "index", "entry", "ingestion_time_ms", "metadata"):
+            continue
         col = rows[name].combine_chunks()
-        weights = col.field(W).filter(col.is_valid())
-        if pc.any(pc.equal(weights, 0)).as_py():
+        tables[name] = col.filter(col.is_valid())
+        # every table's rows, read or not: a weight of 0 is a bad entry
+        if pc.any(pc.equal(tables[name].field(W), 0)).as_py():
             raise NotDirect(f"rows of weight 0 (bad entries) in {name}")
     sides = []
     for side, (name, schema, keys) in enumerate(zip(structs, schemas, bucket_columns,
                                                     strict=True)):
-        col = rows[name].combine_chunks()
-        mine = col.filter(col.is_valid())
+        mine = tables[name]
         if not len(mine):
             continue
         n = len(mine)
