@@ -41,7 +41,7 @@ from headrace.pipeline import sparkhash
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.plan import Operator, SourceTable
 from headrace.pipeline.static import steps
-from headrace.pipeline.tasks import CONTROL_SCHEMA, KIND, PAYLOAD
+from headrace.pipeline.tasks import CONTROL_SCHEMA, KIND, PAYLOAD, control_rows
 
 log = logging.getLogger("headrace.pipeline")
 FALLBACK = "fallback"  # a task's control row: this range needs the static plan
@@ -73,14 +73,14 @@ def collect(p, op: Operator, through: int):
     """An object whose ``toArrow()`` runs the direct job over (after, ``through``] of the
     pipeline's queue with the parameters ``static_batch.prepare_next`` set, and returns its
     control rows (static_batch.commit calls it); raises NotDirect if a task refused."""
-    from headrace.pipeline.job import range_batches
+    from headrace.pipeline.job import RangeGone, range_batches
     from headrace.pipeline.runner import PipelineError
 
     queue = p.queues[0]
     after = p.bindings.get(queue, -1)
     try:
         todo = range_batches(p.store, queue, after, through)
-    except Exception as e:  # RangeGone: the static plan reports it as it always has
+    except RangeGone as e:  # the static plan reports it as it always has
         raise NotDirect(str(e)) from e
     decoder = p._decoder()
     structs = [decoder.columns.names[decoder.sources.index(s)] for s in op.sources]
@@ -98,9 +98,7 @@ def collect(p, op: Operator, through: int):
                 raise NotDirect(refused[0])
             if not rows:
                 raise PipelineError("the direct batch's tasks returned nothing")
-            return pa.table({KIND: pa.array([r[0] for r in rows], pa.string()),
-                             PAYLOAD: pa.array([r[1] for r in rows], pa.binary())},
-                            schema=CONTROL_SCHEMA)
+            return pa.Table.from_batches([control_rows(rows, CONTROL_SCHEMA)])
 
     return Job()
 
@@ -129,6 +127,7 @@ def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[st
     from headrace.pipeline.columnar import columns_option
 
     option = columns_option(columns)
+    tables = list(columns.names)  # the struct columns read_batches adds, one per table
     manifest = f"{queue}/manifest"
 
     def fn(index, _numbers):
@@ -140,7 +139,8 @@ def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[st
         pieces = list(read_batches(url, manifest, queue, todo, (0, 1), option))
         rows = pa.Table.from_batches(pieces) if pieces else None
         try:
-            kept = _rows(rows, structs, schemas, bucket_columns, buckets, tasks, index)
+            kept = _rows(rows, tables, structs, schemas, bucket_columns, buckets, tasks,
+                         index)
         except NotDirect as e:
             yield FALLBACK, str(e).encode()
             return
@@ -157,29 +157,28 @@ def _task(url: str, queue: str, todo: list, columns: pa.Schema, structs: list[st
     return fn
 
 
-def _rows(rows: pa.Table | None, structs: list[str], schemas: list[pa.Schema],
-          bucket_columns: list[list[str]], buckets: int, tasks: int,
+def _rows(rows: pa.Table | None, tables: list[str], structs: list[str],
+          schemas: list[pa.Schema], bucket_columns: list[list[str]], buckets: int, tasks: int,
           index: int) -> pa.Table | None:
     """The rows of task ``index``'s buckets as the static plan's first stage gives them to
-    the operator: SIDE, the tables' columns, W, BUCKET. NotDirect on any entry only the
+    the operator: SIDE, the tables' columns, W, BUCKET (``tables``: every struct column of
+    the queue; ``structs``: the operator's, per side). NotDirect on any entry only the
     decoder handles."""
     if rows is None or not rows.num_rows:
         return None
     if rows["entry"].null_count != rows.num_rows:
         raise NotDirect("the range holds JSON entries (or columnar ones that do not decode)")
-    tables = {}  # struct column -> its rows (filtered: offset 0, so .field() is exact)
-    for name in rows.column_names:
-        if name in ("sequence", "index", "entry", "ingestion_time_ms", "metadata"):
-            continue
+    valid = {}  # struct column -> its rows (filtered: offset 0, so .field() is exact)
+    for name in tables:
         col = rows[name].combine_chunks()
-        tables[name] = col.filter(col.is_valid())
+        valid[name] = col.filter(col.is_valid())
         # every table's rows, read or not: a weight of 0 is a bad entry
-        if pc.any(pc.equal(tables[name].field(W), 0)).as_py():
+        if pc.any(pc.equal(valid[name].field(W), 0)).as_py():
             raise NotDirect(f"rows of weight 0 (bad entries) in {name}")
     sides = []
     for side, (name, schema, keys) in enumerate(zip(structs, schemas, bucket_columns,
                                                     strict=True)):
-        mine = tables[name]
+        mine = valid[name]
         if not len(mine):
             continue
         n = len(mine)
