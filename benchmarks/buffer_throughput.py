@@ -115,7 +115,7 @@ def consume_all(store) -> tuple[float, int]:
 def consume_arrow(store) -> float:
     from headrace.buffer import read_manifest
     from headrace.buffer.batch_format import decode_block
-    from headrace.spark.queue_source import batch_to_arrow
+    from headrace.pipeline.exec.queue_source import batch_to_arrow
 
     entries = read_manifest(store, "ingest/manifest").entries
     with Timer() as t:

@@ -148,7 +148,7 @@ def warm_up(spark, work: Path, partitions: int) -> None:
 
 
 def run_headrace(spark, name: str, root: str, ckpt: str, partitions: int) -> dict:
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name=name, partitions=partitions, checkpoint_dir=ckpt,
                  batches_per_trigger=1)

@@ -186,16 +186,10 @@ def amortised_state_bytes(work: Path, n_keys: int, delta: int, batches: int = 64
     import pyarrow.compute as pc
 
     from headrace.pipeline import operators
-    from headrace.pipeline.names import BUCKET, W
+    from headrace.pipeline.encoding.ipc import schema_to_bytes
+    from headrace.pipeline.exec.tasks import StageSpec, TaskContextSpec, run_stage_partition
+    from headrace.pipeline.names import BUCKET, KIND, PAYLOAD, W
     from headrace.pipeline.state.commit import STATE_OPTIONS, checkpoint_runs
-    from headrace.pipeline.tasks import (
-        KIND,
-        PAYLOAD,
-        StageSpec,
-        TaskContextSpec,
-        run_stage_partition,
-        schema_to_bytes,
-    )
     from headrace.reservoir import ReservoirStorage
     from headrace.store import open_store
 
@@ -292,7 +286,7 @@ def _child(argv: list[str]) -> None:
     spark = _spark(partitions)
     t_session = time.time()
     if mode == "rss":
-        from headrace.pipeline.runner import Pipeline
+        from headrace.pipeline import Pipeline
 
         p = Pipeline(spark, root, name="join", partitions=partitions, checkpoint_dir=ckpt,
                      batches_per_trigger=1)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import parse_args, report, scratch_dir  # noqa: E402
 from spark_baseline import input_files, run_spark_rocksdb, write_input  # noqa: E402
 
-from headrace.pipeline.runner import Pipeline  # noqa: E402
+from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.spark.demo import produce  # noqa: E402
 from headrace.store import FaultyStore, open_store  # noqa: E402
 
@@ -56,7 +56,7 @@ def queue_entries(path: Path) -> list[bytes]:
     ``HEADRACE_BENCH_ENTRIES=json`` (one JSON entry per row)."""
     if ENTRIES == "json":
         return json_entries(path)
-    from headrace.pipeline import columnar
+    from headrace.pipeline.encoding import columnar
 
     t = pq.read_table(path)
     return columnar.encode("events", t, pa.schema([("key", pa.int64()),

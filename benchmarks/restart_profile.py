@@ -120,9 +120,9 @@ def _tree_cpu_s() -> dict[str, float]:
 
 
 def _child(root: str, ckpt: str, partitions: int) -> None:
-    import headrace.pipeline.restart as restart
-    import headrace.pipeline.runner as runner
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
+    from headrace.pipeline.driver import job, static_plan
+    from headrace.pipeline.driver.batch import BatchDriver
 
     # pipeline_scaling's session, with the UI on for its REST API
     spark = ps._spark(partitions, "headrace-restart-profile", **{"spark.ui.enabled": "true"})
@@ -137,9 +137,9 @@ def _child(root: str, ckpt: str, partitions: int) -> None:
         return wrapped
 
     Pipeline.recover = mark("recovered", Pipeline.recover)
-    Pipeline._range_df = mark("range_built", Pipeline._range_df)
-    runner.warm_workers = mark("warm_called", runner.warm_workers)
-    restart.build = mark("plan_built", restart.build)
+    BatchDriver.range_entries = mark("range_built", BatchDriver.range_entries)
+    job.warm_workers = mark("warm_called", job.warm_workers)
+    static_plan.build = mark("plan_built", static_plan.build)
 
     p = ps._build(spark, root, ckpt, partitions)
 

@@ -1,6 +1,6 @@
 """``format("headrace.queue")`` with no ``register()``: PySpark registers, in every new JVM, the
 ``DefaultSource`` of each importable top-level ``pyspark_*`` package (SPARK-45917)."""
 
-from headrace.spark.queue_source import QueueDataSource as DefaultSource
+from headrace.pipeline.exec.queue_source import QueueDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

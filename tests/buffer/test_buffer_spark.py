@@ -7,7 +7,7 @@ import time
 import pytest
 
 from headrace.buffer import Fenced, Producer, ProducerConfig, list_entries
-from headrace.spark.queue_source import QueueStreamReader, batch_to_arrow, register
+from headrace.pipeline.exec.queue_source import QueueStreamReader, batch_to_arrow, register
 from headrace.store import open_store
 
 pytestmark = pytest.mark.spark

@@ -17,7 +17,7 @@ def _populate(root: Path, spine_dir: Path, backup_src: Path) -> None:
     from headrace.backup import BackupManager
     from headrace.buffer import Producer, ProducerConfig
     from headrace.persist import PersistClient, make_updates
-    from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, commit_progress
+    from headrace.pipeline.plan.progress import GRAPH_KEY, STATE_KEY, commit_progress
     from headrace.reservoir import ReservoirStorage
     from headrace.spine import Batch, Circuit, SpineConfig
     from headrace.store import LocalStore

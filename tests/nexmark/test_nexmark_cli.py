@@ -58,8 +58,8 @@ def test_columnar_entries_decode_to_the_generators_tables(tmp_path):
     """The default entry format: per queue batch, each kind's rows as columnar entries, equal to
     the generator's tables row for row."""
     from headrace.nexmark import SCHEMAS
-    from headrace.pipeline import columnar
-    from headrace.pipeline.plan import parse_schema
+    from headrace.pipeline.encoding import columnar
+    from headrace.pipeline.encoding.types import parse_schema
 
     root = tmp_path / "store"
     r = _headrace("nexmark", str(root), "nx", "--events", "1200", "--rate", "100",

@@ -65,7 +65,7 @@ def _through_pipeline_vs_batch(spark, tmp_path, names: tuple[str, ...], events: 
     batches that close windows); each final shard must equal Spark batch SQL."""
     from headrace.nexmark import Generator
     from headrace.nexmark.producer import produce_events
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     cfg = GeneratorConfig(seed=21, rate=100)
     root = str(tmp_path / "store")

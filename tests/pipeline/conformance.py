@@ -31,8 +31,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.base import ZSET_SCHEMA, ArithmeticOverflow
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 NAN = float("nan")

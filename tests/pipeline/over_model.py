@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 from conformance import NAN, ExpectOverflow, KernelConformance, canon_row, table  # noqa: I001
 
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
 
 
 def _cmp_values(a, b) -> int:

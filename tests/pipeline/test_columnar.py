@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headrace.pipeline import columnar
-from headrace.pipeline.columnar import ColumnarEntryError
-from headrace.pipeline.decode import describe
+from headrace.pipeline.encoding import columnar
+from headrace.pipeline.encoding.types import TIMESTAMP, parse_schema
+from headrace.pipeline.errors import ColumnarEntryError
+from headrace.pipeline.exec.decode import describe
 from headrace.pipeline.names import W
-from headrace.pipeline.plan import TIMESTAMP, parse_schema
 
 ALL = parse_schema("l long, i int, d double, f float, s string, b boolean, t timestamp, "
                    "dt date, dec decimal(10,2), bin binary")
@@ -216,7 +216,7 @@ def test_explode_turns_columnar_entries_into_rows_in_place_and_keeps_the_rest():
 
 
 def test_shares_of_exploded_rows_cover_every_row_once():
-    from headrace.spark.queue_source import _share
+    from headrace.pipeline.exec.queue_source import _share
 
     pieces = [pa.record_batch({"i": pa.array(range(lo, hi))})
               for lo, hi in ((0, 3), (3, 3), (3, 10), (10, 11))]

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from headrace.pipeline.decode import Decoder, _union_ddl
-from headrace.pipeline.plan import SourceTable, parse_schema
+from headrace.pipeline.encoding.types import parse_schema
+from headrace.pipeline.exec.decode import Decoder, _union_ddl
+from headrace.pipeline.plan.nodes import SourceTable
 
 
 def _tables(**ddls):

@@ -69,7 +69,7 @@ def windowed(spark, tmp_path_factory, waves):
     """One pipeline over both waves (a restart between) writing the windowed aggregate to an
     update sink and, from a second aggregate (an operator emits either changes or final rows),
     to an append sink: each mode's operator and sink as in a pipeline of its own, one run."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     base = tmp_path_factory.mktemp("windowed")
     root, ckpt = str(base / "store"), str(base / "ck")
@@ -109,7 +109,7 @@ def _f_le(table, top):
 
 
 def test_append_needs_an_event_time_aggregate(spark, tmp_path):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     F = _f()
     p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))
@@ -173,9 +173,9 @@ def _hot_batch(frames):
 
 def _state_keys(p, node, side: int) -> pa.Array:
     """Every live state key of one side of an operator, over all buckets."""
-    from headrace.pipeline.progress import STATE_KEY
+    from headrace.pipeline.exec.workers import open_reader
+    from headrace.pipeline.plan.progress import STATE_KEY
     from headrace.pipeline.state import BucketLSM
-    from headrace.pipeline.workers import open_reader
 
     reader = open_reader(p.root, p.stream, p.bindings[STATE_KEY], None)
     found = [t["key"] for b in range(p.buckets)
@@ -185,9 +185,9 @@ def _state_keys(p, node, side: int) -> pa.Array:
 
 def test_windowed_join_and_downstream_aggregate_expire_and_equal_spark(spark, tmp_path,
                                                                         waves):
+    from headrace.pipeline import Pipeline
     from headrace.pipeline.operators.aggregate import ACC
-    from headrace.pipeline.plan import Operator
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline.plan.nodes import Operator
 
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
     batches, kept, late = waves
@@ -236,7 +236,7 @@ def test_interval_join_equals_spark_and_forgets_rows_that_cannot_match(spark, tm
     every earlier row. A left join to an update sink: the shard equals Spark batch SQL over every
     row not late; a full join to an append sink: each row once, never retracted, equal to Spark
     over the first two waves' rows (final), none of the third's (not final)."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     F = _f()
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")

@@ -149,7 +149,7 @@ QUERIES = {
 @pytest.fixture(scope="module")
 def results(spark, tmp_path_factory):
     """Run every query in one pipeline over two waves; the batch rows are the net input."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     root = str(tmp_path_factory.mktemp("frames") / "store")
     ckpt = str(tmp_path_factory.mktemp("frames-ck"))
@@ -188,7 +188,7 @@ def test_query_equals_spark_batch(spark, results, name):
 
 
 def test_definition_errors_are_clear(spark, tmp_path):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     F = _f()
     p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))

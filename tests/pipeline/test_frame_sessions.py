@@ -42,7 +42,7 @@ def test_session_windows_with_watermark_equal_spark_in_update_and_append(spark, 
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
     from headrace.testing.queries import batch_result, encode_entries, produce_entries, rows_equal
 
     first = _bids(1, 0, 30, 60) + [{"bidder": 1, "price": 7, "dateTime": BASE + dt.timedelta(
@@ -92,7 +92,7 @@ def test_session_window_definitions(spark, tmp_path):
     append without event time."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, str(tmp_path / "s"), name="defs", checkpoint_dir=str(tmp_path / "ck"))
     bid = p.read_queue("in", SCHEMAS)["bid"]

@@ -26,9 +26,9 @@ from conformance import (  # noqa: I001  (tests/pipeline is on sys.path)
 )
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import W
 from headrace.pipeline.operators.aggregate import MULTISET, Agg, AggregateKernel
-from headrace.pipeline.operators.base import ArithmeticOverflow
 
 SCHEMA = pa.schema([("g", pa.float64()), ("k", pa.string()), ("x", pa.int64()),
                     ("d", pa.float64()), ("s", pa.string())])

@@ -23,9 +23,9 @@ from conformance import (  # noqa: I001  (tests/pipeline is on sys.path)
 )
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.operators import build
 from headrace.pipeline.operators.aggregate import ACC, DISTINCT, Agg, AggregateKernel
-from headrace.pipeline.operators.base import ArithmeticOverflow
 
 SCHEMA = pa.schema([("k", pa.string()), ("x", pa.int64()), ("d", pa.float64()),
                     ("s", pa.string())])
@@ -255,7 +255,7 @@ def test_fluent_distinct_aggregates_stream_equal_to_spark_batch(spark, tmp_path)
 def test_fluent_refusals_name_the_aggregate(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))
     t = p.read_queue("q", {"t": "k long, m decimal(10,2), x long"})["t"]

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from test_operators_interval import IntervalJoin
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.eventtime import bound_key
 from headrace.pipeline.names import W
 from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
-from headrace.pipeline.operators.base import ZSET_SCHEMA
 from headrace.pipeline.operators.interval import IntervalJoinKernel, expiry_bounds
 from headrace.pipeline.operators.join import JoinKernel
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
+from headrace.pipeline.plan.eventtime import bound_key
 
 TS = pa.timestamp("us", tz="UTC")
 SEC = 1_000_000

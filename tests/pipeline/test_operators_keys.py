@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.errors import FormatError, InvalidInput
-from headrace.pipeline.keys import (
+from headrace.pipeline.encoding.rowkeys import (
     RowCodec,
     decode_sortable,
     encode_sortable,
@@ -217,27 +217,6 @@ def test_encoding_is_vectorised():
     assert back.equals(tbl)
     print(f"encode {n / (t1 - t0):,.0f} rows/s, decode {n / (t2 - t1):,.0f} rows/s")
     assert t1 - t0 < 5 and t2 - t1 < 5
-
-
-def test_bucket_ids_route_normalised_equal_keys_together():
-    from headrace.pipeline.keys import bucket_ids
-
-    d = pa.array([0.0, -0.0, math.nan, -math.nan, None, 1.0])
-    s = pa.array(["", "", "\x00", "\x00", None, "a"])
-    tbl = pa.table({"d": d, "s": s})
-    b = bucket_ids(RowCodec(tbl.schema, normalize=True).encode(tbl), 7).tolist()
-    assert b[0] == b[1] and b[2] == b[3]
-    assert all(0 <= x < 7 for x in b)
-    # fixed across processes and releases: pinned values
-    one = bucket_ids(pa.array([b"", b"\x00", b"abc"], pa.binary()), 1 << 30).tolist()
-    assert one == [699787419, 249570543, 460397460]
-    # spread: 100k distinct keys over 16 buckets, each within 10% of even
-    keys = RowCodec(pa.schema([("x", pa.int64())])).encode(
-        pa.table({"x": pa.array(np.arange(100_000), pa.int64())}))
-    counts = np.bincount(bucket_ids(keys, 16), minlength=16)
-    assert counts.min() > 0.9 * 100_000 / 16 and counts.max() < 1.1 * 100_000 / 16
-    with pytest.raises(InvalidInput):
-        bucket_ids(keys, 0)
 
 
 def test_large_and_small_offsets_encode_alike():

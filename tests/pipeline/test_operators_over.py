@@ -20,9 +20,9 @@ from conformance import (  # (tests/pipeline is on sys.path)
 from over_model import Model, OverCase
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.operators import build
-from headrace.pipeline.operators.base import ArithmeticOverflow
 from headrace.pipeline.operators.over import OrderKey, OverKernel, WindowFn
 
 # ---- conformance: row_number and rolling aggregates over a total order ------------------
@@ -407,7 +407,7 @@ def test_window_definitions_are_checked_when_written(spark, tmp_path):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, str(tmp_path / "s"), name="bad", checkpoint_dir=str(tmp_path / "ck"))
     bid = p.read_queue("bids", BIDS)["bid"]

@@ -26,7 +26,7 @@ from test_operators_over import (
     _simple,
 )
 
-from headrace.pipeline.operators.base import ArithmeticOverflow
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.operators.over import OrderKey, OverKernel, WindowFn
 
 # ---- conformance: RANGE frames over ties (peers) ---------------------------------------

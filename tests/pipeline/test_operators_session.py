@@ -31,12 +31,12 @@ from test_operators_aggregate import norm_key
 from test_state_expiry import Stream
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.eventtime import bound_key
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import W
 from headrace.pipeline.operators import build
 from headrace.pipeline.operators.aggregate import Agg
-from headrace.pipeline.operators.base import ArithmeticOverflow
 from headrace.pipeline.operators.session import ENDS, ROWS, SessionKernel
+from headrace.pipeline.plan.eventtime import bound_key
 
 TS = pa.timestamp("us", tz="UTC")
 SEC = 1_000_000

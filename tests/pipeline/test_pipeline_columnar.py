@@ -36,7 +36,7 @@ def _tags(seed: int) -> list[dict]:
 
 
 def _define(spark, root, ckpt, static, store=None, **kw):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name="col", partitions=2, buckets=4, checkpoint_dir=ckpt,
                  batches_per_trigger=1, static_plan=static, store=store, **kw)
@@ -93,8 +93,8 @@ def test_columnar_and_json_entries_equal_spark_batch_sql_across_a_restart(spark,
 
 
 def _poison(table: str = "t") -> bytes:
-    from headrace.pipeline import columnar
-    from headrace.pipeline.plan import parse_schema
+    from headrace.pipeline.encoding import columnar
+    from headrace.pipeline.encoding.types import parse_schema
 
     # declares `s` as binary where the table says string
     return columnar.encode(table, pa.table({"k": [1], "v": [1.0], "s": [b"x"]}),
@@ -127,7 +127,7 @@ def test_a_columnar_entry_that_does_not_decode_goes_to_the_dead_letter_shard(spa
 
 
 def _grouped(spark, root, ckpt, store=None):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name="dir", partitions=2, buckets=4, checkpoint_dir=ckpt,
                  batches_per_trigger=1, store=store)

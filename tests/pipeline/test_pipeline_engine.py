@@ -8,7 +8,9 @@ import shutil
 
 import pytest
 
-from headrace.pipeline.runner import BadEntry, Pipeline
+from headrace.pipeline import Pipeline
+from headrace.pipeline.driver import restart
+from headrace.pipeline.errors import BadEntry
 from headrace.spark.demo import (
     OUTPUT_SHARD,
     DemoSpec,
@@ -45,13 +47,13 @@ def test_outputs_reach_the_shard_as_task_parts_only(spark, tmp_path, expected):
     p = build_pipeline(spark, root, partitions=2, checkpoint_dir=str(tmp_path / "ck"),
                        batches_per_trigger=1, output_inline_max=0)
     seen = []
-    absorb = p._absorb_control
+    absorb = p.driver.absorb_control
 
     def spy(rows):
         seen.append(sorted(set(rows["__hr_kind"].to_pylist())) if rows is not None else [])
         return absorb(rows)
 
-    p._absorb_control = spy
+    p.driver.absorb_control = spy
     assert p.run(until_idle=True, max_runs=1) >= 2
     assert normalize_totals(p.read_shard(OUTPUT_SHARD)) == expected
     assert p.metrics["driver_inline_output_bytes_max"] == 0
@@ -153,7 +155,8 @@ def test_colliding_names_are_refused_when_the_pipeline_is_defined(spark, tmp_pat
         p.aggregate(src["t"], by=["k"], aggs={"k": "count"}, name="agg2")  # output = group col
 
 
-def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path, expected):
+def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path, expected,
+                                                                monkeypatch):
     """A batch that failed at its state checkpoint (in Spark's offset log, not in its commit log,
     not in our progress) runs again at restart from the queue range the log names, before the
     streaming query starts; Spark's own re-run of it then finds it done: counted once."""
@@ -179,15 +182,15 @@ def test_an_interrupted_batch_runs_before_spark_starts_and_once(spark, tmp_path,
     assert not os.path.exists(os.path.join(ckpt, "commits", "1"))
 
     p2 = build_pipeline(spark, root, partitions=2, checkpoint_dir=ckpt, batches_per_trigger=1)
-    early = p2._run_interrupted_batch
+    early = restart.run_interrupted_batch
     times = []
 
-    def spy():
+    def spy(d):
         times.append(p2.time)
-        early()
+        early(d)
         times.append(p2.time)
 
-    p2._run_interrupted_batch = spy
+    monkeypatch.setattr(restart, "run_interrupted_batch", spy)
     p2.run(until_idle=True, max_runs=1)
     assert times == [1, 2]  # batch 1 ran from the queue before Spark started
     assert normalize_totals(p2.read_shard(OUTPUT_SHARD)) == expected
@@ -238,7 +241,7 @@ def test_each_task_gets_a_contiguous_even_range_of_buckets(spark):
     bucket number 32 buckets went 12 and 20 over 2 tasks). Our Murmur3 is Spark's hash()."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.job import spark_murmur3_int, task_of_bucket
+    from headrace.pipeline.driver.job import spark_murmur3_int, task_of_bucket
     from headrace.pipeline.names import BUCKET
 
     values = [0, 1, -1, 42, 2**31 - 1, -2**31, *range(100, 4000, 37)]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.builder import PipelineBuilder
-from headrace.pipeline.evolve import GraphChanged, reconcile
-from headrace.pipeline.plan import Map, node_digests
-from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY, WM_KEY, stored_graph
+from headrace.pipeline.api.builder import PipelineBuilder
+from headrace.pipeline.errors import GraphChanged
+from headrace.pipeline.plan.evolve import reconcile
+from headrace.pipeline.plan.nodes import Map, node_digests
+from headrace.pipeline.plan.progress import GRAPH_KEY, STATE_KEY, WM_KEY, stored_graph
 
 BID = "auction long, price long"
 
@@ -190,7 +191,7 @@ def test_sink_start_values():
     ({"buckets": 0}, "buckets"), ({"partitions": 0}, "partitions"),
     ({"on_bad_entry": "skip"}, "on_bad_entry"), ({"state_backend": "memory"}, "state_backend")])
 def test_pipeline_arguments_are_checked_before_anything_runs(kwargs, named, tmp_path):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     with pytest.raises(InvalidInput, match=named):
         Pipeline(None, str(tmp_path), **kwargs)
@@ -235,7 +236,7 @@ def _define(spark, root: str, ckpt: str, *, grown: bool, top: str = "sum"):
     sink, and a second sink on the old aggregate from now."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name="ev", partitions=2, buckets=4, checkpoint_dir=ckpt,
                  batches_per_trigger=1)
@@ -272,7 +273,7 @@ def test_a_running_pipeline_gains_a_sink_and_operators(spark, tmp_path):
     sink the difference; an old operator's changed definition is refused."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import PipelineError
+    from headrace.pipeline.errors import PipelineError
     from headrace.testing.queries import (
         batch_result,
         encode_entries,
@@ -289,13 +290,13 @@ def test_a_running_pipeline_gains_a_sink_and_operators(spark, tmp_path):
     produce_entries(root, "in", encode_entries("bid", later[:40]))
     produce_entries(root, "in", encode_entries("bid", later[40:]))
     crashing = _define(spark, root, ckpt, grown=True)
-    link = crashing._link_outputs
+    link = crashing.driver.link_outputs
 
     def crash_before_the_new_link(outputs, t, shards):  # the commit point has passed
         link(outputs, t, [s for s in shards if s[0] != "ev.big"])
         raise RuntimeError("crash before linking ev.big")
 
-    crashing._link_outputs = crash_before_the_new_link
+    crashing.driver.link_outputs = crash_before_the_new_link
     with pytest.raises(PipelineError, match="crash before linking ev.big"):
         crashing.run(until_idle=True)
     assert crashing.persist.upper("ev.progress") == crashing.persist.upper("ev.big") + 1

@@ -27,11 +27,11 @@ from headrace.testing.spark import local_spark
 from test_pipeline_history import _define
 spark = local_spark("history-child", master="local[2]", shuffle_partitions=2)
 p = _define(spark, sys.argv[1], sys.argv[2], grown=True)
-link = p._link_outputs
+link = p.driver.link_outputs
 def link_then_die(outputs, t, shards):
     link(outputs, t, [s for s in shards if s[0] != "hi.big"])
     os.kill(os.getpid(), signal.SIGKILL)
-p._link_outputs = link_then_die
+p.driver.link_outputs = link_then_die
 p.recover()
 print("not killed", flush=True)
 """
@@ -46,7 +46,7 @@ def _define(spark, root: str, ckpt: str, *, grown: bool):
     5-second watermark."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name="hi", partitions=2, buckets=4, checkpoint_dir=ckpt,
                  batches_per_trigger=1, retain_batches=1)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.spark
 def test_started_pipeline_reports_progress_and_stops(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     root = str(tmp_path / "store")
     rows = [{"k": i % 3, "v": i} for i in range(30)]
@@ -49,7 +49,7 @@ def test_started_pipeline_reports_progress_and_stops(spark, tmp_path):
 @pytest.mark.parametrize("inner", ["OSError: [Errno 12] Cannot allocate memory",
                                    "MemoryError: Unable to allocate 512. MiB"])
 def test_a_query_stopped_by_worker_memory_says_to_raise_buckets(inner):
-    from headrace.pipeline.trigger import failure_text
+    from headrace.pipeline.driver.trigger import failure_text
 
     # as PySpark reports a Python worker's error: the worker's traceback inside its own text
     wrapped = Exception("An exception was thrown from the Python worker. Please see the "

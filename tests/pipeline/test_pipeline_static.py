@@ -21,7 +21,7 @@ def _rows(seed: int, n: int) -> list[dict]:
 
 
 def _define(spark, root: str, ckpt: str, *, static: bool = True, per_trigger=None, store=None):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name="st", partitions=2, buckets=4, checkpoint_dir=ckpt,
                  batches_per_trigger=per_trigger, retain_batches=4, static_plan=static,
@@ -71,14 +71,16 @@ def test_static_shape_is_a_chain_of_operators_over_one_or_two_tables():
     """What the static plan runs, and what stays on the per-batch job."""
     from test_pipeline_evolve import Plan  # noqa: I001  (tests/pipeline is on sys.path)
 
-    from headrace.pipeline.static import static_shape
+    from headrace.pipeline.driver.static_plan import static_shape
 
     def plan(build, **kw):
         p = Plan()
         p.dead_letter_shard, p.state_backend = kw.get("dead_letter"), kw.get("backend",
                                                                            "reservoir")
         build(p)
-        return static_shape(p)
+        return static_shape(p.nodes, p.queues, streams=False,
+                            dead_letter=p.dead_letter_shard is not None,
+                            backend=p.state_backend)
 
     def agg(p):
         t = p.read_queue("in", {"t": SCHEMA})["t"]
@@ -115,7 +117,7 @@ def test_static_plan_runs_a_join_then_an_aggregate_equal_to_spark(spark, tmp_pat
     shuffle), bad entries counted, each shard equal to Spark batch SQL."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     root = str(tmp_path / "store")
     rnd = random.Random(7)
@@ -155,7 +157,8 @@ def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
 
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline, PipelineError
+    from headrace.pipeline import Pipeline
+    from headrace.pipeline.errors import PipelineError
 
     def define(root, ckpt):
         p = Pipeline(spark, root, name="ss", partitions=2, buckets=4, checkpoint_dir=ckpt,
@@ -191,11 +194,12 @@ def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
 
 def test_a_batch_whose_tasks_ran_with_other_parameters_is_refused():
     """The tasks echo their batch's run prefix; one from another batch fails the batch before
-    anything is committed (static.check)."""
+    anything is committed (static_plan.check)."""
     import pyarrow as pa
 
-    from headrace.pipeline.static import check
-    from headrace.pipeline.tasks import CONTROL_SCHEMA, control_rows
+    from headrace.pipeline.driver.static_plan import check
+    from headrace.pipeline.errors import PipelineError
+    from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows
 
     def rows(*prefixes):
         return pa.Table.from_batches([control_rows(
@@ -203,7 +207,7 @@ def test_a_batch_whose_tasks_ran_with_other_parameters_is_refused():
 
     check(rows("t4-aa", "t4-aa"), "t4-aa")
     check(None, "t4-aa")
-    with pytest.raises(RuntimeError, match="t3-bb"):
+    with pytest.raises(PipelineError, match="t3-bb"):
         check(rows("t4-aa", "t3-bb"), "t4-aa")
 
 

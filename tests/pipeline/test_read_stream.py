@@ -27,8 +27,9 @@ import pytest
 from headrace.buffer import QueueConsumer, read_manifest
 from headrace.buffer.batch_format import decode_batch
 from headrace.errors import InvalidInput
-from headrace.pipeline.plan import parse_schema
-from headrace.pipeline.streams import Intent, StreamCheckpointLost, entries_block
+from headrace.pipeline.driver.streams import Intent, entries_block
+from headrace.pipeline.encoding.types import parse_schema
+from headrace.pipeline.errors import StreamCheckpointLost
 from headrace.store import open_store
 
 pytestmark = pytest.mark.spark
@@ -74,7 +75,7 @@ def _stream(spark, folder, per_trigger: int | None = None):
 
 def _queue_rows(store, queue: str) -> int:
     """Rows the queue holds now (every batch file read, every columnar entry decoded)."""
-    from headrace.pipeline.columnar import decode
+    from headrace.pipeline.encoding.columnar import decode
 
     schemas = {"clicks": parse_schema(DDL)}
     return sum(decode(entry, schemas)[1].num_rows
@@ -96,7 +97,7 @@ def test_entries_block_is_a_batch_file_readers_decode():
 def test_unsupported_streams_fail_when_defined(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, str(tmp_path / "store"), name="bad")
     rate = spark.readStream.format("rate").load()
@@ -152,7 +153,8 @@ def _assert_equal(p, spark, folder, users):
 
 
 def test_file_stream_equals_batch_sql_then_start_adds_only_new_files(spark, tmp_path):
-    from headrace.pipeline.runner import Pipeline, PipelineError
+    from headrace.pipeline import Pipeline
+    from headrace.pipeline.errors import PipelineError
     from headrace.testing.queries import encode_entries, produce_entries
 
     root, folder = str(tmp_path / "store"), tmp_path / "in"
@@ -208,7 +210,7 @@ def test_append_sink_behind_an_inner_join_of_two_streams_equals_batch_sql(spark,
     inner join of two of them — and a distinct of a stream — may feed an append sink: every
     shard row is an insertion (diff > 0: equal rows count as one with their multiplicity),
     and the shard equals Spark batch SQL after each run."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
     from headrace.testing.queries import rows_equal
 
     root, a, b = str(tmp_path / "store"), tmp_path / "a", tmp_path / "b"
@@ -260,7 +262,7 @@ def root(request, tmp_path) -> str:
 
 def test_a_replayed_batch_id_appends_once(spark, tmp_path, root):
     """The ingest function called as Spark would replay it: same batch id, same rows."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     folder = tmp_path / "in"
     _write_file(folder, 0)
@@ -305,7 +307,7 @@ def test_a_replayed_batch_id_appends_once(spark, tmp_path, root):
 def _worker(root: str, folder: str, ckpt: str, step: str, batch: int) -> None:
     """The crash test's process: ingest + pipeline; SIGKILL of the whole process group (JVM
     and Python workers too) right after ``step`` of ingest batch ``batch``."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
     from headrace.testing.spark import local_spark
 
     spark = local_spark()
@@ -321,7 +323,7 @@ def _worker(root: str, folder: str, ckpt: str, step: str, batch: int) -> None:
 
 
 def test_sigkill_after_an_append_before_spark_commits_then_restart(spark, tmp_path):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
     from headrace.testing.queries import rows_equal
 
     root, folder, ckpt = str(tmp_path / "store"), tmp_path / "in", str(tmp_path / "ck")

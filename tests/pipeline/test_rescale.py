@@ -17,10 +17,11 @@ import pytest
 from conformance import DictZSet  # noqa: I001  (tests/pipeline is on sys.path)
 
 from headrace.pipeline import operators
-from headrace.pipeline.evolve import GraphChanged
+from headrace.pipeline.encoding.rowkeys import decode_columns_at
+from headrace.pipeline.errors import GraphChanged
+from headrace.pipeline.exec.rescale_tasks import key_layout
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.base import ZSET_SCHEMA
-from headrace.pipeline.rescale import bucket_codec, bucket_values
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -95,7 +96,7 @@ def test_every_state_key_gives_back_its_rows_bucket_columns(kind, schemas, param
                                             else [])
     kernel.apply(deltas, states)
     for side, state in enumerate(states):
-        codec, offset = bucket_codec(kernel, side)
+        codec, offset = key_layout(kernel, side)
         cols = kernel.bucket_columns(side)
         stored = pa.array(list(state.rows), pa.binary())
         assert len(stored) > 0
@@ -103,7 +104,7 @@ def test_every_state_key_gives_back_its_rows_bucket_columns(kind, schemas, param
             assert codec is None
             continue
         assert codec.columns == cols
-        got = bucket_values(codec, offset, stored)
+        got = decode_columns_at(codec, offset, stored)
         assert got.column_names == cols
         expected = {tuple(_canon(r[c]) for c in cols) for r in deltas[side].to_pylist()}
         decoded = [tuple(_canon(v) for v in r.values()) for r in got.to_pylist()]
@@ -117,11 +118,11 @@ def test_a_key_in_an_unknown_section_is_a_format_error():
     from headrace.errors import FormatError
 
     kernel = operators.build(*KERNELS[0][:2], KERNELS[0][2])
-    codec, offset = bucket_codec(kernel, 0)
+    codec, offset = key_layout(kernel, 0)
     with pytest.raises(FormatError, match="unknown section tag 7"):
-        bucket_values(codec, offset, pa.array([b"\x07\x01abc"], pa.binary()))
+        decode_columns_at(codec, offset, pa.array([b"\x07\x01abc"], pa.binary()))
     with pytest.raises(FormatError, match="ends inside bucket column 'k'"):
-        bucket_values(codec, offset, pa.array([b"\x00\x01\x00"], pa.binary()))
+        decode_columns_at(codec, offset, pa.array([b"\x00\x01\x00"], pa.binary()))
 
 
 def test_only_a_different_bucket_count_is_accepted_by_evolve():
@@ -167,7 +168,7 @@ def _expected(spark):
 
 def _state(p) -> dict:
     """Every live state row of the committed version: (op, side, bucket) -> sorted rows."""
-    from headrace.pipeline.progress import STATE_KEY
+    from headrace.pipeline.plan.progress import STATE_KEY
     from headrace.pipeline.state import BucketLSM
     from headrace.reservoir import ReservoirReader
 
@@ -230,7 +231,7 @@ def test_event_time_window_aggregate_across_a_rescale(spark, tmp_path):
     deleted) re-bucketed 4 -> 7 between the waves: equal to Spark batch SQL."""
     from test_frame_eventtime import SCHEMAS, _batch, _bids, _query
 
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
     from headrace.testing.queries import batch_result, encode_entries, produce_entries, rows_equal
 
     root, ckpt = str(tmp_path / "store"), str(tmp_path / "ck")
@@ -267,8 +268,8 @@ def test_a_rescale_killed_after_its_checkpoint_is_redone_or_undone_on_restart(sp
     them (the landed checkpoint holds the new layout, which batches of the old one must not
     build on); a restart with the new ones redoes the rescale. Nothing lost or duplicated."""
 
-    from headrace.pipeline.progress import STATE_KEY, progress_at
-    from headrace.pipeline.rescale import KILL_ENV
+    from headrace.pipeline.driver.rescale import KILL_ENV
+    from headrace.pipeline.plan.progress import STATE_KEY, progress_at
     from headrace.reservoir import ReservoirStorage
     from headrace.spark.demo import OUTPUT_SHARD, build_pipeline, normalize_totals, produce
 

@@ -18,17 +18,17 @@ import pyarrow.compute as pc
 import pytest
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.eventtime import bound_key
 from headrace.pipeline.names import W
 from headrace.pipeline.operators.aggregate import ACC, Agg, AggregateKernel
 from headrace.pipeline.operators.interval import IntervalJoinKernel, expiry_bounds
 from headrace.pipeline.operators.join import JoinKernel
+from headrace.pipeline.plan.eventtime import bound_key
 from headrace.pipeline.state import BucketLSM, LSMConfig, WriteStats, page_id
 from headrace.pipeline.state.commit import STATE_OPTIONS, checkpoint_runs
 from headrace.pipeline.state.pages import CODEC_ZSTD_PLANES, encode_run
 from headrace.pipeline.state.ranges import MAX_RANGES
+from headrace.pipeline.state.rows import sorted_zset
 from headrace.pipeline.state.task import Router, TaskState
-from headrace.pipeline.state.zset import consolidate
 from headrace.reservoir import PageRunWriter, ReservoirReader, ReservoirStorage
 from headrace.reservoir.verify import inspect_stream
 from headrace.store import LocalStore
@@ -102,7 +102,7 @@ class Stream:
         for side in range(sides):
             rows = list(self.open(side).scan())
             if rows:
-                t = consolidate(pa.concat_tables(rows))
+                t = sorted_zset(pa.concat_tables(rows))
                 total += len(encode_run(t, self.config.page_bytes, CODEC_ZSTD_PLANES, 1).blob)
         return total
 

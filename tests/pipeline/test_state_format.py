@@ -20,7 +20,7 @@ from headrace.pipeline.state.pages import (
     decode_page,
     encode_run,
 )
-from headrace.pipeline.state.zset import consolidate
+from headrace.pipeline.state.rows import sorted_zset
 from headrace.reservoir import PageRunWriter, ReservoirReader, ReservoirStorage
 from headrace.store import LocalStore
 
@@ -33,7 +33,7 @@ def kb(x: int) -> bytes:
 
 def _table(n: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
-    return consolidate(pa.table({
+    return sorted_zset(pa.table({
         "key": pa.array([kb(k) for k in rng.integers(0, 1000, n)], pa.binary()),
         "val": pa.array([b"v" * int(x) for x in rng.integers(0, 20, n)], pa.binary()),
         "w": pa.array(rng.integers(1, 3, n), pa.int64())}))
@@ -207,7 +207,7 @@ def _fixed_table(n: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     keys = sorted({b"\x00\x01" + kb(k) for k in rng.integers(0, 10**6, n)})
     vals = [b"".join(b"\x01" + kb(x) for x in rng.integers(0, 50, 5)) for _ in keys]
-    return consolidate(pa.table({"key": pa.array(keys, pa.binary()),
+    return sorted_zset(pa.table({"key": pa.array(keys, pa.binary()),
                                  "val": pa.array(vals, pa.binary()),
                                  "w": pa.array(np.ones(len(keys), np.int64))}))
 

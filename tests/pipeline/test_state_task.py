@@ -15,18 +15,13 @@ import pyarrow.compute as pc
 import pytest
 
 from headrace.errors import FormatError
-from headrace.pipeline import operators, tasks
-from headrace.pipeline.names import BUCKET, SIDE, W
+from headrace.pipeline import operators
+from headrace.pipeline.encoding.ipc import schema_to_bytes
+from headrace.pipeline.exec import tasks
+from headrace.pipeline.exec.tasks import StageSpec, TaskContextSpec, run_stage_partition
+from headrace.pipeline.names import BUCKET, KIND, PAYLOAD, SIDE, W
 from headrace.pipeline.state import BucketLSM
 from headrace.pipeline.state.task import Router
-from headrace.pipeline.tasks import (
-    KIND,
-    PAYLOAD,
-    StageSpec,
-    TaskContextSpec,
-    run_stage_partition,
-    schema_to_bytes,
-)
 from headrace.reservoir import ReservoirReader, ReservoirStorage
 from headrace.store import open_store
 

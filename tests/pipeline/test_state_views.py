@@ -8,8 +8,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headrace.pipeline.state.rows import as_fixed, fixed_width
 from headrace.pipeline.state.views import RunView
-from headrace.pipeline.state.zset import as_fixed, fixed_width
 
 BYTES = st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF])
 
@@ -68,7 +68,7 @@ def test_key_ids_are_equal_exactly_for_equal_keys(width, picks, skip):
     must mean equal keys, on sliced arrays too."""
     import numpy as np
 
-    from headrace.pipeline.state.zset import key_ids
+    from headrace.pipeline.state.rows import key_ids
 
     def value(i: int) -> bytes:
         if width is None:  # variable width, including the empty value

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from headrace.pipeline import workers
+from headrace.pipeline.exec import workers
 from headrace.pipeline.state import cache
 from headrace.pipeline.state.cache import budget_bytes
 

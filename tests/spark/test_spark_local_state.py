@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from headrace.errors import NotFound
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.base import ZSET_SCHEMA
 from headrace.pipeline.operators.distinct import DistinctKernel
-from headrace.spark.local_state import LocalBackupBucketState, finalize
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
+from headrace.pipeline.state.local_backup import LocalBackupBucketState, finalize
 from headrace.spine.errors import StorageLocked
 from headrace.store import CountingStore, open_store, payload_size
 
@@ -352,8 +352,8 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys
     import pyarrow as pa
     from headrace.backup import BackupManager
-    from headrace.pipeline.operators.base import ZSET_SCHEMA
-    from headrace.spark.local_state import LocalBackupBucketState
+    from headrace.pipeline.operators.kernel import ZSET_SCHEMA
+    from headrace.pipeline.state.local_backup import LocalBackupBucketState
     root, url, expected, point, out = sys.argv[1:6]
     if point == "before_upload":
         BackupManager.upload = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)

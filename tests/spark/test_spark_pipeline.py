@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from headrace.pipeline.runner import PipelineError
+from headrace.pipeline.errors import PipelineError
 from headrace.spark.demo import (
     OUTPUT_SHARD,
     DemoSpec,

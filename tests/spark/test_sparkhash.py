@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headrace.pipeline import sparkhash
+from headrace.pipeline.encoding import sparkhash
 
 pytestmark = pytest.mark.spark
 

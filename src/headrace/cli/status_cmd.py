@@ -125,7 +125,7 @@ def _shards(client, keys: dict[str, int]) -> list[dict]:
 
 def _pipelines(client, shards: list[dict], streams: list[dict],
                queues: list[dict], backups: list[dict]) -> list[dict]:
-    from headrace.pipeline.progress import GRAPH_KEY, STATE_KEY
+    from headrace.pipeline.plan.progress import GRAPH_KEY, STATE_KEY
 
     out = []
     for sh in shards:

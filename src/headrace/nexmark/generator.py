@@ -448,7 +448,7 @@ def columnar_entries(batch: EventBatch) -> list[bytes]:
     """The batch's events as columnar queue entries (pipeline/columnar.py): per kind, its rows
     in event-id order as Arrow record batches — read with no parse. Kinds are not interleaved:
     a micro-batch is a set of changes, so the order across tables does not change a result."""
-    from headrace.pipeline import columnar
+    from headrace.pipeline.encoding import columnar
 
     return [e for k in KINDS if batch.tables[k].num_rows
             for e in columnar.encode(k, batch.tables[k], SCHEMAS[k])]

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from headrace.pipeline.frame import Frame
+    from headrace.pipeline.api.frame import Frame
 
 WINDOW = "10 seconds"  # q5, q7, q8 (Nexmark's windowSizeSec)
 HOP = "2 seconds"  # q5's slide (Flink/Feldera's q5)

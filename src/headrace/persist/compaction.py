@@ -92,7 +92,7 @@ def compact(client, shard: str, *, max_parts: int = 8) -> CompactionResult:
         pc.min(merged.column(P.TIME)).as_py() < floor
     if moved:
         merged = P.advance_times(merged, floor)
-    out = P.consolidate(merged, keep_time=True)
+    out = P.consolidate_updates(merged, keep_time=True)
     out = out.select(P.data_columns(out.schema) + [P.TIME, P.DIFF])
     reg = client.writer_registration(shard)
     writer_id = reg.ensure()

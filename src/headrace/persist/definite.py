@@ -56,6 +56,6 @@ def compare(shard: str, ours: pa.Table, theirs: pa.Table, lo: int, hi: int | Non
         both = pa.concat_tables([ours.cast(theirs.schema), neg])
     except (KeyError, pa.ArrowException) as e:
         raise DefinitenessViolation(shard, lo, hi, -1, f"columns differ: {e}") from None
-    differing = P.consolidate(both, keep_time=True).num_rows
+    differing = P.consolidate_updates(both, keep_time=True).num_rows
     if differing:
         raise DefinitenessViolation(shard, lo, hi, differing)

@@ -199,7 +199,7 @@ class ReadHandle:
             state = self._wait_for(as_of, timeout_s)
             updates = self.client.read_updates(state, 0, as_of + 1)
             self._recheck(as_of)
-        return P.consolidate(updates, keep_time=False)
+        return P.consolidate_updates(updates, keep_time=False)
 
     def updates_between(self, lower: int, upper: int, *,
                         timeout_s: float | None = 60.0) -> pa.Table:

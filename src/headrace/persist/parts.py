@@ -22,6 +22,7 @@ from headrace.errors import AlreadyExists, ChecksumMismatch, FormatError, Invali
 from headrace.persist.state import PartMeta
 from headrace.retry import RetryPolicy
 from headrace.store import CREATE, ObjectStore
+from headrace.zset import consolidate
 
 log = logging.getLogger("headrace.persist")
 STORE_RETRY = RetryPolicy(max_attempts=8, base_delay_s=0.005, max_delay_s=0.5)
@@ -141,18 +142,10 @@ def read_part(store: ObjectStore, part: PartMeta) -> pa.Table:
     return check_updates(table)
 
 
-def consolidate(updates: pa.Table, *, keep_time: bool) -> pa.Table:
-    """Sum diffs per (data columns [, time]) and drop zeros: one Arrow group_by, no row loop."""
+def consolidate_updates(updates: pa.Table, *, keep_time: bool) -> pa.Table:
+    """Sum diffs per (data columns [, time]) and drop zeros (headrace.zset.consolidate)."""
     cols = data_columns(updates.schema)
-    keys = cols + ([TIME] if keep_time else [])
-    if not keys:
-        total = pc.sum(updates.column(DIFF)).as_py() or 0
-        return pa.table({DIFF: pa.array([total] if total else [], pa.int64())})
-    grouped = updates.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
-    grouped = grouped.rename_columns([DIFF if n == f"{DIFF}_sum" else n
-                                      for n in grouped.column_names])
-    grouped = grouped.select(keys + [DIFF])
-    return grouped.filter(pc.not_equal(grouped.column(DIFF), 0))
+    return consolidate(updates, DIFF, by=cols + ([TIME] if keep_time else []))
 
 
 def advance_times(updates: pa.Table, since: int) -> pa.Table:

@@ -5,17 +5,17 @@ data+checkpoint bundles, CRC32 per page / CRC64 per file, an in-flight buffer, a
 compaction and stream versions. See docs/reservoir.md.
 """
 
-from headrace.reservoir.options import (
+from headrace.reservoir.errors import (
     CacheFull,
     CacheTooSmall,
+    CheckpointNotFound,
     CommitUnknown,
     ConcurrentWriter,
     PageNotFound,
     ReservoirFailed,
-    ReservoirOptions,
 )
+from headrace.reservoir.options import ReservoirOptions
 from headrace.reservoir.reader import ReservoirReader
-from headrace.reservoir.recovery import CheckpointNotFound
 from headrace.reservoir.runs import PageRun, PageRunWriter
 from headrace.reservoir.storage import ReservoirStorage, Session
 

@@ -13,9 +13,10 @@ from itertools import repeat
 import numpy as np
 
 from headrace.codec import crc32
+from headrace.reservoir.errors import PageNotFound
 from headrace.reservoir.formats.datafile import BlobFileWriter
 from headrace.reservoir.inflight import FileRef
-from headrace.reservoir.options import PageNotFound, ReservoirOptions
+from headrace.reservoir.options import ReservoirOptions
 
 Loc = tuple[FileRef, int, int, int]  # (file, offset in writer data or file, size, crc32)
 MISSING = object()

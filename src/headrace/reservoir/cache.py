@@ -41,7 +41,8 @@ from pathlib import Path
 
 from headrace.codec import crc32, crc64
 from headrace.errors import ChecksumMismatch
-from headrace.reservoir.options import CacheFull, ReservoirOptions
+from headrace.reservoir.errors import CacheFull
+from headrace.reservoir.options import ReservoirOptions
 from headrace.retry import DEFAULT_RETRY
 from headrace.store import ObjectStore, payload_size, payload_views
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headrace.errors import NotFound
+from headrace.reservoir.errors import ConcurrentWriter
 from headrace.reservoir.keys import bundle_id, parse_checkpoint_name, parse_data_name, registry_key
-from headrace.reservoir.options import ConcurrentWriter
 
 if TYPE_CHECKING:
     from headrace.reservoir.storage import ReservoirStorage

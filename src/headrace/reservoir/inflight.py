@@ -14,8 +14,8 @@ import threading
 
 from headrace.codec import crc64
 from headrace.errors import AlreadyExists
+from headrace.reservoir.errors import ReservoirFailed
 from headrace.reservoir.formats.datafile import BlobFileWriter
-from headrace.reservoir.options import ReservoirFailed
 from headrace.reservoir.state import NewFile
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import CREATE, ObjectStore, payload_size, payload_views

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from headrace.metrics import PrometheusExport
 from headrace.reservoir.batch import check_page_id
+from headrace.reservoir.errors import PageNotFound
 from headrace.reservoir.keys import stream_prefix
-from headrace.reservoir.options import PageNotFound, ReservoirOptions, check_stream_name
+from headrace.reservoir.options import ReservoirOptions, check_stream_name
 from headrace.reservoir.recovery import CheckpointLoader
 from headrace.reservoir.source import PageSource
 from headrace.reservoir.state import HOT_PAGE_TABLE_ENTRIES, State

@@ -15,6 +15,7 @@ import numpy as np
 
 from headrace.codec import crc64
 from headrace.errors import ChecksumMismatch, FormatError, NotFound
+from headrace.reservoir.errors import CheckpointNotFound
 from headrace.reservoir.formats import checkpoint as ckfmt
 from headrace.reservoir.formats import datafile
 from headrace.reservoir.formats import registry as regfmt
@@ -25,17 +26,6 @@ from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore
 
 log = logging.getLogger("headrace.reservoir")
-
-
-class CheckpointNotFound(NotFound):
-    """The requested checkpoint version is not (or no longer) retained."""
-
-    def __init__(self, key: str, version: int):
-        super().__init__(key)
-        self.version = version
-
-    def __str__(self) -> str:
-        return f"checkpoint {self.version} not found or no longer retained ({self.key!r})"
 
 
 @dataclass

@@ -5,8 +5,9 @@ from __future__ import annotations
 from headrace.codec import crc32, crc64
 from headrace.errors import ChecksumMismatch
 from headrace.reservoir.cache import LocalCache
+from headrace.reservoir.errors import CacheTooSmall
 from headrace.reservoir.keys import bundle_id, data_key
-from headrace.reservoir.options import CacheTooSmall, ReservoirOptions
+from headrace.reservoir.options import ReservoirOptions
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore
 

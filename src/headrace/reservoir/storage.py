@@ -21,6 +21,8 @@ import numpy as np
 from headrace.errors import InvalidInput
 from headrace.metrics import PrometheusExport
 from headrace.reservoir.batch import MISSING, PageBatch, check_page_id, new_writer, read_loc
+from headrace.reservoir.compaction import compact, repack_sparse, sweep_orphans
+from headrace.reservoir.errors import PageNotFound, ReservoirFailed
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.inflight import FileRef, Uploader
 from headrace.reservoir.keys import (
@@ -29,17 +31,13 @@ from headrace.reservoir.keys import (
     data_key,
     stream_prefix,
 )
-from headrace.reservoir.options import (
-    PageNotFound,
-    ReservoirFailed,
-    ReservoirOptions,
-    check_stream_name,
-)
+from headrace.reservoir.options import ReservoirOptions, check_stream_name
 from headrace.reservoir.recovery import CheckpointLoader
 from headrace.reservoir.runs import PageRun
 from headrace.reservoir.source import PageSource
 from headrace.reservoir.state import NewFile, State
 from headrace.reservoir.versions import StreamVersions
+from headrace.reservoir.writeout import write_checkpoint
 from headrace.retry import DEFAULT_RETRY, RetryPolicy
 from headrace.store import ObjectStore, open_store
 
@@ -325,8 +323,6 @@ class ReservoirStorage(PrometheusExport):
             return self._checkpoint_locked(keep_from)
 
     def _checkpoint_locked(self, keep_from: int | None = None) -> int:
-        from headrace.reservoir.writeout import write_checkpoint
-
         if self._failure is not None:
             raise ReservoirFailed(f"a previous checkpoint failed ({self._failure}); call reset()")
         try:
@@ -370,8 +366,6 @@ class ReservoirStorage(PrometheusExport):
 
     def sweep_orphans(self, grace_s: float | None = None, now: float | None = None) -> list[str]:
         """Delete data/checkpoint objects nothing references and older than the grace period."""
-        from headrace.reservoir.compaction import sweep_orphans
-
         return sweep_orphans(self, self.opts.orphan_grace_s if grace_s is None else grace_s,
                              time.time() if now is None else now)
 
@@ -379,8 +373,6 @@ class ReservoirStorage(PrometheusExport):
         """Repack files below the live-ratio threshold; returns the checkpoint that made it
         durable, or None when nothing needed compaction. Then (``sweep``) delete orphans older
         than ``orphan_grace_s`` (files of tasks that failed before being absorbed)."""
-        from headrace.reservoir.compaction import compact
-
         self._check_open()
         version = compact(self)
         if sweep:
@@ -392,8 +384,6 @@ class ReservoirStorage(PrometheusExport):
         ``max_live_ratio`` of their bytes live, reading at most ``max_read_bytes``) into it, so
         that files a writer keeps only partly alive — bundles whose pages later checkpoints
         mostly replaced — die whole. Returns the files chosen (0: nothing sparse)."""
-        from headrace.reservoir.compaction import repack_sparse
-
         self._check_open()
         if not 0.0 <= max_live_ratio < 1.0:
             raise InvalidInput(f"max_live_ratio must be in [0, 1), got {max_live_ratio!r}")

@@ -19,12 +19,13 @@ import numpy as np
 
 from headrace.codec import crc64
 from headrace.errors import AlreadyExists, HeadraceError, PreconditionFailed
+from headrace.reservoir.batch import new_writer
+from headrace.reservoir.errors import CommitUnknown, ConcurrentWriter
 from headrace.reservoir.formats import checkpoint as ckfmt
 from headrace.reservoir.formats import registry as regfmt
 from headrace.reservoir.formats.datafile import encode_bundle
 from headrace.reservoir.inflight import FileRef
 from headrace.reservoir.keys import bundle_id, checkpoint_key, parse_checkpoint_name, registry_key
-from headrace.reservoir.options import CommitUnknown, ConcurrentWriter
 from headrace.reservoir.state import NewFile, PageChanges
 from headrace.store import CREATE, IfMatch, payload_size, payload_views
 
@@ -224,6 +225,4 @@ def _check_still_latest(s: ReservoirStorage, key: str, v: int) -> None:
 
 
 def _new_writer(s: ReservoirStorage):
-    from headrace.reservoir.batch import new_writer
-
     return new_writer(s.opts)

@@ -17,27 +17,23 @@ from __future__ import annotations
 
 def register(spark) -> None:
     """Make ``headrace.queue`` and ``headrace.shard`` available on ``spark`` if they are not."""
-    from headrace.spark import queue_source, shard_source
+    from headrace.pipeline.exec import queue_source
+    from headrace.spark import shard_source
 
     queue_source.register(spark)
     shard_source.register(spark)
 
 
-def register_source(spark, source) -> None:
-    """Register the DataSource class ``source`` on ``spark`` unless its name resolves already:
-    re-registering a statically registered source works but logs a WARN on every call."""
-    jsession = getattr(spark, "_jsparkSession", None)  # None on Spark Connect: just register
-    if jsession is not None and \
-            jsession.sessionState().dataSourceManager().dataSourceExists(source.name()):
-        return
-    spark.dataSource.register(source)
-
-
 def __getattr__(name: str):
+    """The public names, imported on first use (importing this package imports no pyspark)."""
     if name == "Pipeline":
-        from headrace.pipeline.runner import Pipeline
+        from headrace.pipeline import Pipeline
 
         return Pipeline
+    if name == "register_source":
+        from headrace.pipeline.exec.queue_source import register_source
+
+        return register_source
     if name in ("session", "new_store"):
         from headrace.spark import local_session
 

@@ -77,7 +77,7 @@ def produce(root: str, payloads: list[bytes], chunk: int = 250) -> None:
 
 
 def build_pipeline(spark, root: str, *, partitions: int = 4, name: str = "demo", **kwargs):
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = Pipeline(spark, root, name=name, partitions=partitions, **kwargs)
     src = p.read_queue(QUEUE, {"orders": ORDERS, "customers": CUSTOMERS})

@@ -73,11 +73,11 @@ def main(argv=None) -> int:
         generate_events,
         normalize_totals,
     )
-    from headrace.testing.spark import local_spark
+    from headrace.spark.local_session import session
 
     t_start = time.perf_counter()
-    spark = local_spark("headrace-demo", master=args.master, shuffle_partitions=args.partitions,
-                        extra={"spark.sql.adaptive.enabled": "false"})
+    spark = session("headrace-demo", master=args.master, shuffle_partitions=args.partitions,
+                    conf={"spark.sql.adaptive.enabled": "false"})
     p = build_pipeline(spark, args.root, partitions=args.partitions,
                        checkpoint_dir=args.checkpoint_dir,
                        batches_per_trigger=args.batches_per_trigger)

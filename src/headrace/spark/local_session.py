@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from pathlib import Path
+
+from headrace.errors import InvalidInput
 
 
 def session(app_name: str = "headrace", master: str = "local[2]", *,
@@ -45,9 +49,11 @@ def session(app_name: str = "headrace", master: str = "local[2]", *,
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from headrace.spark import register
+    from headrace.pipeline.exec import queue_source
+    from headrace.spark import shard_source
 
-    register(spark)
+    queue_source.register(spark)  # where PySpark's own lookup could not see them
+    shard_source.register(spark)
     return spark
 
 
@@ -55,11 +61,6 @@ def new_store(location: str | None = None) -> str:
     """A store root for a fresh run: ``location`` (a URL, or a local folder that is new or
     empty, made absolute because Spark's workers may run in another directory), else a new
     temporary folder. A non-empty folder is refused: its earlier input would be counted too."""
-    import tempfile
-    from pathlib import Path
-
-    from headrace.errors import InvalidInput
-
     if location is None:
         return tempfile.mkdtemp(prefix="headrace-example-")
     if "://" in location:

@@ -56,6 +56,7 @@ from headrace.errors import InvalidInput
 from headrace.persist import PersistClient, ReadHandle, UpperMismatch, upload_part
 from headrace.persist import parts as P
 from headrace.persist.state import PartMeta
+from headrace.pipeline.exec.queue_source import register_source
 
 log = logging.getLogger("headrace.persist")
 NAME = "headrace.shard"
@@ -323,6 +324,4 @@ def sink_writer_id(client: PersistClient, shard: str, lease_s: float) -> str:
 
 def register(spark) -> None:
     """Make ``format("headrace.shard")`` available on this SparkSession."""
-    from headrace.spark import register_source
-
     register_source(spark, ShardDataSource)

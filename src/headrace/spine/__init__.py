@@ -6,7 +6,7 @@ Batch (immutable sorted consolidated Z-set, Arrow in memory, mmap'd HRSB file on
 (checkpoint / resume a group of spines). See docs/spine.md.
 """
 
-from headrace.spine.batch import Batch, consolidate, zset_schema
+from headrace.spine.batch import Batch, zset_schema
 from headrace.spine.batchstore import BatchStore, LocalBatchStore
 from headrace.spine.catalog import CheckpointInfo, SpineManifest
 from headrace.spine.circuit import Circuit
@@ -24,5 +24,5 @@ from headrace.spine.spine import Spine, SpineConfig
 __all__ = [
     "Batch", "BatchStore", "CheckpointInfo", "CheckpointNotFound", "Circuit", "Cursor",
     "FingerprintMismatch", "LocalBatchStore", "ReservoirBatchStore", "Spine", "SpineConfig", "SpineError",
-    "SpineManifest", "SpineWriteError", "StorageLocked", "consolidate", "zset_schema",
+    "SpineManifest", "SpineWriteError", "StorageLocked", "zset_schema",
 ]

@@ -21,6 +21,7 @@ from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
 from headrace.spine import format as fmt
 from headrace.spine.bloom import bloom_build, bloom_may_contain, hash_keys
 from headrace.spine.catalog import check_bound_value
+from headrace.zset import consolidate
 
 DEFAULT_BLOCK_BYTES = 64 * 1024
 _SPARSE_EVERY = 4096  # rows between sparse keys of an in-memory batch
@@ -50,35 +51,6 @@ def _normalize(table: pa.Table) -> pa.Table:
         cols.append(col.cast(t) if t != col.type else col)
     schema = zset_schema(cols[0].type, cols[1].type)
     return pa.Table.from_arrays(cols, schema=schema)
-
-
-def consolidate(table: pa.Table) -> pa.Table:
-    """Sort by (key, val), sum weights of equal (key, val), drop zeros; one chunk per column."""
-    n = table.num_rows
-    if n == 0:
-        return table.combine_chunks()
-    order = pc.sort_indices(table, sort_keys=[("key", "ascending"), ("val", "ascending")])
-    t = table.take(order).combine_chunks()
-    key, val = t.column("key").chunk(0), t.column("val").chunk(0)
-    w = t.column("w").chunk(0).to_numpy()
-    if n > 1:
-        same = pc.and_(pc.equal(key.slice(1), key.slice(0, n - 1)),
-                       pc.equal(val.slice(1), val.slice(0, n - 1)))
-        new = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
-    else:
-        new = np.ones(1, dtype=bool)
-    starts = np.flatnonzero(new)
-    if len(starts) == n:
-        sums, rows = w, None
-    else:
-        sums, rows = np.add.reduceat(w, starts), starts
-    keep = sums != 0
-    if rows is None and keep.all():
-        return t
-    rows = np.arange(n)[keep] if rows is None else rows[keep]
-    picked = t.select(["key", "val"]).take(pa.array(rows))
-    return pa.Table.from_arrays([picked.column(0), picked.column(1), pa.array(sums[keep])],
-                                schema=t.schema).combine_chunks()
 
 
 def sorted_unique(x: np.ndarray) -> np.ndarray:
@@ -173,7 +145,7 @@ class Batch:
             if not data:
                 raise InvalidInput("from_arrow needs at least one record batch to know the types")
             data = pa.Table.from_batches(data)
-        return cls(consolidate(_normalize(data)))
+        return cls(consolidate(_normalize(data), sort=True))
 
     @classmethod
     def from_pydict(cls, key, val, w, key_type=None, val_type=None) -> Batch:
@@ -198,7 +170,7 @@ class Batch:
             lower_bound = check_bound_value(lower_bound, merged.schema.field("key").type,
                                             "Batch.merge")
             merged = merged.filter(pc.greater_equal(merged.column("key"), lower_bound))
-        return cls(consolidate(merged))
+        return cls(consolidate(merged, sort=True))
 
     # ---- serialization ------------------------------------------------------------------
     def encode(self, block_bytes: int = DEFAULT_BLOCK_BYTES) -> list:

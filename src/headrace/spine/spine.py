@@ -25,12 +25,12 @@ from headrace.spine.batch import (
     DEFAULT_BLOCK_BYTES,
     Batch,
     _as_key_array,
-    consolidate,
     sorted_unique,
 )
 from headrace.spine.bloom import hash_keys
 from headrace.spine.catalog import check_bound_value
 from headrace.spine.errors import SpineError, SpineWriteError
+from headrace.zset import consolidate
 
 log = logging.getLogger("headrace.spine")
 
@@ -346,7 +346,7 @@ class Spine(PrometheusExport):
         t = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if bound is not None:
             t = t.filter(pc.greater_equal(t.column("key"), bound))
-        return t if single else consolidate(t)
+        return t if single else consolidate(t, sort=True)
 
     def lookup_many(self, keys) -> pa.Table:
         """(key, val, w) for every key in ``keys``, summed across batches, zeros dropped."""

@@ -46,8 +46,8 @@ def encode_columnar(table: str, rows: list[dict], schema: str, weight: int = 1,
                     entry_bytes: int | None = None) -> list[bytes]:
     """Columnar queue entries (pipeline/columnar.py) of ``rows`` for ``table`` whose declared
     schema is the DDL ``schema``; every row weighs ``weight``."""
-    from headrace.pipeline import columnar
-    from headrace.pipeline.plan import parse_schema
+    from headrace.pipeline.encoding import columnar
+    from headrace.pipeline.encoding.types import parse_schema
 
     s = parse_schema(schema)
     data = pa.table({f.name: pa.array([r[f.name] for r in rows], f.type) for f in s})
@@ -74,7 +74,7 @@ def stream_result(spark, root: str, schemas: dict[str, str], waves: list[list[by
                   partitions: int = 2, buckets: int = 4, **options) -> pa.Table:
     """Run ``build(pipeline, {table: Frame}) -> Frame`` over the waves of entries (one
     ``run`` per wave, so a query meets retractions and restarts); the consolidated shard."""
-    from headrace.pipeline.runner import Pipeline
+    from headrace.pipeline import Pipeline
 
     p = None
     for wave in waves:

@@ -11,6 +11,7 @@ kernel's output types are checked against Spark's, so the result is Spark's valu
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.encoding.types import arrow_schema, weighted_ddl
 
 _FUNCS = {"count", "sum", "avg", "min", "max"}
 
@@ -61,10 +62,8 @@ def plan_aggregate(frame, by: list[str], aggs: list):
     """(pre-projection (fn, text) or None, kernel params, Spark's output column order)."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.plan import arrow_schema
-
     p = frame.pipeline
-    probe = p.spark.createDataFrame([], p._spark_struct(frame.schema))
+    probe = p.spark.createDataFrame([], weighted_ddl(frame.schema))
     try:
         grouped = probe.groupBy(*[F.col(f"`{c}`") for c in by]).agg(*aggs)
     except Exception as e:  # AnalysisException: an unknown column, a bad argument type

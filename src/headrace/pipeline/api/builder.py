@@ -1,6 +1,6 @@
 """Defining a pipeline: sources, operators and sinks added to the plan, each checked at once.
 
-The fluent :class:`~headrace.pipeline.frame.Frame` API and the explicit methods below
+The fluent :class:`~headrace.pipeline.api.frame.Frame` API and the explicit methods below
 (``aggregate``, ``join``, ``distinct``) build the same plan; both take Frames or plan nodes.
 """
 
@@ -9,22 +9,23 @@ from __future__ import annotations
 import pyarrow as pa
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import eventtime
-from headrace.pipeline.evolve import SINK_STARTS
-from headrace.pipeline.frame import Frame, duration_us
+from headrace.pipeline.api.frame import Frame, duration_us
+from headrace.pipeline.api.over_spec import has_window
+from headrace.pipeline.driver.streams import StreamIngest, stream_schema
+from headrace.pipeline.encoding.types import arrow_schema, parse_schema, weighted_ddl
 from headrace.pipeline.names import W
-from headrace.pipeline.plan import (
+from headrace.pipeline.operators import build
+from headrace.pipeline.plan import eventtime
+from headrace.pipeline.plan.evolve import SINK_STARTS
+from headrace.pipeline.plan.nodes import (
     Map,
     Node,
     Operator,
     Sink,
     SourceTable,
     Union,
-    arrow_schema,
     fingerprint,
     make_operator,
-    parse_schema,
-    spark_ddl,
 )
 
 ENVELOPE = {"table", "w"}  # the fields of a queue entry that are not the table's columns
@@ -84,13 +85,13 @@ class QueueTables:
 
 
 class PipelineBuilder:
-    """The plan-building half of :class:`~headrace.pipeline.runner.Pipeline`."""
+    """The plan-building half of :class:`~headrace.pipeline.api.pipeline.Pipeline`."""
 
     spark: object
     nodes: list[Node]
     sinks: list[Sink]
     queues: list[str]
-    streams: list  # headrace.pipeline.streams.StreamIngest, one per read_stream
+    streams: list  # driver.streams.StreamIngest, one per read_stream
     buckets: int
     state_backend: str
 
@@ -124,11 +125,9 @@ class PipelineBuilder:
     def read_stream(self, df, name: str, *, checkpoint: str | None = None) -> Frame:
         """Any Spark streaming DataFrame (files, Kafka, rate) as table ``name``: a side query
         ingests it exactly once into the internal queue ``<pipeline>.stream.<name>``, which
-        the pipeline reads like any queue (protocol: :mod:`headrace.pipeline.streams`).
+        the pipeline reads like any queue (protocol: :mod:`headrace.pipeline.driver.streams`).
         ``checkpoint``: the side query's Spark checkpoint (default: ``streams/<name>`` under
         the pipeline's); it is the stream's position, so keep it durable."""
-        from headrace.pipeline.streams import StreamIngest, stream_schema
-
         schema = stream_schema(df, name)
         queue = f"{self.name}.stream.{name}"
         if queue in self.queues:
@@ -162,15 +161,11 @@ class PipelineBuilder:
         self.nodes.append(node)
         return node
 
-    def _spark_struct(self, schema: pa.Schema) -> str:
-        """The DDL of a frame's columns plus the weight (for analysing steps on no rows)."""
-        return (spark_ddl(schema) + ", " if len(schema) else "") + f"`{W}` bigint"
-
     def _add_map(self, source: Node, fn, text: str, event_time: str | None = None,
                  delay_us: int | None = None, window: tuple[str, int] | None = None) -> Node:
         """A stateless step, analysed by Spark now (unknown columns, bad types fail here)."""
         self._check_inputs([source])
-        probe = self.spark.createDataFrame([], self._spark_struct(source.schema))
+        probe = self.spark.createDataFrame([], weighted_ddl(source.schema))
         try:
             out = fn(probe)
         except Exception as e:  # pyspark's AnalysisException and friends: say which step
@@ -178,8 +173,6 @@ class PipelineBuilder:
         if W not in out.columns:
             raise InvalidInput(f"{text}: the step dropped the weight column")
         if "over" in text.lower():
-            from headrace.pipeline.overspec import has_window
-
             if has_window(out):  # on a delta it would see only the batch's rows: refuse
                 raise InvalidInput(f"{text}: a window function (OVER) works only as "
                                    "with_column(name, F.func(...).over(w)), one per step")
@@ -257,8 +250,6 @@ class PipelineBuilder:
         self._set_expiry(node, expiry, times)
         out = Frame(self, node)
         if on is not None and lk != list(on):  # the user's column order (keys come first)
-            from headrace.pipeline.operators import build
-
             keys = {**params, "on": list(on)}
             out = out.select(*build("join", [left.schema, right.schema], keys).output_schema.names)
         return out

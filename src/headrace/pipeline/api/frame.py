@@ -15,8 +15,12 @@ import re
 import pyarrow as pa
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.api.agg_spec import check_types, plan_aggregate
+from headrace.pipeline.api.over_spec import plan_over
+from headrace.pipeline.api.session_spec import plan_session
+from headrace.pipeline.encoding.types import weighted_ddl
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.plan import Node
+from headrace.pipeline.plan.nodes import Node
 
 _WINDOW = re.compile(r"^Column<'window\((.+), '([^']*)', '([^']*)', '([^']*)'\)'>$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(microseconds?|milliseconds?|seconds?|minutes?|hours?|"
@@ -100,8 +104,6 @@ class Frame:
         w.rowsBetween(-10, 0))``) becomes a stateful ``over`` operator (docs/queries.md)."""
         from pyspark.sql import functions as F
 
-        from headrace.pipeline.overspec import plan_over
-
         expr = F.expr(col) if isinstance(col, str) else col
         over = plan_over(self, name, expr)
         if over is not None:
@@ -111,8 +113,6 @@ class Frame:
     def _over(self, name: str, params: dict, expected: pa.Schema) -> Frame:
         """The window-function operator; a replaced column is computed beside the old one
         (the kernel only appends), then takes its place, as Spark's withColumn does."""
-        from headrace.pipeline.aggspec import check_types
-
         p = self.pipeline
         out_name = name
         if name in self.columns:
@@ -230,15 +230,10 @@ class GroupedFrame:
         """Aggregate columns as PySpark builds them: F.count("*"), F.count(c), F.sum, F.avg,
         F.min, F.max, F.count_distinct, each optionally ``.alias(...)`` and over expressions.
         A ``F.session_window(t, gap)`` group key makes session windows (docs/queries.md)."""
-        from headrace.pipeline.aggspec import plan_aggregate
-
         if not aggs:
             raise InvalidInput("agg needs at least one aggregate column, e.g. F.count('*')")
         aggs = [a for group in aggs for a in (group if isinstance(group, list | tuple)
                                               else [group])]
-        from headrace.pipeline.aggspec import check_types
-        from headrace.pipeline.sessionspec import plan_session
-
         session = plan_session(self.frame, self.keys)
         if session is not None:
             return self._session_agg(*session, aggs, name)
@@ -268,8 +263,6 @@ class GroupedFrame:
         """``group_by(F.session_window(t, gap), keys).agg(...)``: the session kernel
         (operators/session.py). The session comes out as ``<name>_start``/``<name>_end`` in
         the session window's place; with ``t`` event time, closed sessions leave the state."""
-        from headrace.pipeline.aggspec import check_types, plan_aggregate
-
         frame, before = GroupedFrame(self.frame, self.keys[:pos])._keyed()
         frame, after = GroupedFrame(frame, self.keys[pos + 1:])._keyed()
         by = before + after
@@ -309,7 +302,7 @@ class GroupedFrame:
                 names += ["window_start", "window_end"]
                 continue
             spark = frame.pipeline.spark
-            probe = spark.createDataFrame([], frame.pipeline._spark_struct(frame.schema))
+            probe = spark.createDataFrame([], weighted_ddl(frame.schema))
             kname = probe.select(k).columns[0]
             frame = frame.with_column(kname, k) if kname not in frame.columns else frame
             names.append(kname)

@@ -23,6 +23,8 @@ with ``with_column`` first).
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.encoding.types import arrow_schema, weighted_ddl
+from headrace.pipeline.names import W
 
 _RANKING = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank",
             "NTile": "ntile", "PercentRank": "percent_rank", "CumeDist": "cume_dist"}
@@ -68,11 +70,9 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     """(kernel params, Spark's output schema) when ``col`` is a window function, else None."""
     if "OVER" not in str(col).upper():
         return None
-    from headrace.pipeline.plan import arrow_schema
-
     p = frame.pipeline
     where = f"with_column {name!r}"
-    probe = p.spark.createDataFrame([], p._spark_struct(frame.schema))
+    probe = p.spark.createDataFrame([], weighted_ddl(frame.schema))
     try:
         out = probe.withColumn(name, col)
     except Exception as e:  # AnalysisException: unknown column, unordered row_number, ...
@@ -144,8 +144,6 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     params = {"partition_by": partition_by, "order_by": order_by,
               "funcs": [[name, func, column, frame_or_offset]]}
     from pyspark.sql.types import StructType
-
-    from headrace.pipeline.names import W
 
     struct = StructType([f for f in out.schema.fields if f.name != W])
     return params, arrow_schema(struct, where)

@@ -29,7 +29,7 @@ class PipelineQuery:
                 chained(progress)
 
         pipeline.on_batch = record
-        pipeline._stopping.clear()
+        pipeline.driver.stopping.clear()
         self._thread = threading.Thread(target=self._run, args=(processing_time,),
                                         name=f"headrace-{pipeline.name}", daemon=True)
         self._thread.start()
@@ -58,7 +58,7 @@ class PipelineQuery:
         if self._error is not None:
             message = f"failed: {self._error}"
         elif self.is_active:
-            message = "running" if p._query is not None else "recovering"
+            message = "running" if p.driver.query is not None else "recovering"
         else:
             message = "stopped"
         return {"message": message, "is_active": self.is_active, "time": p.time,
@@ -69,8 +69,8 @@ class PipelineQuery:
 
     def stop(self, timeout_s: float | None = 120) -> None:
         """Stop after the batch in flight commits (or is abandoned: it is replayed later)."""
-        self.pipeline._stopping.set()
-        q = self.pipeline._query
+        self.pipeline.driver.stopping.set()
+        q = self.pipeline.driver.query
         if q is not None:
             try:
                 q.stop()

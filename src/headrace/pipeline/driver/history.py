@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import reduce
 
 from headrace.buffer import list_entries
-from headrace.pipeline.plan import Node, Sink, upstream
-from headrace.pipeline.progress import STATE_KEY, progress_at
+from headrace.pipeline.driver.batch import BatchDriver
+from headrace.pipeline.plan.nodes import Node, Sink, upstream
 
 log = logging.getLogger("headrace.pipeline")
 
@@ -56,42 +55,41 @@ def history_sinks(sinks: list[Sink], new_sinks: list[str]) -> list[Sink]:
     return [s for s in sinks if s.start == "history" and s.shard in new_sinks]
 
 
-def run_history(p) -> int:
+def run_history(d: BatchDriver) -> int:
     """The history batch of the sinks added with ``start="history"`` (none: nothing to do);
     returns the time to continue at."""
-    evo = p._evolution
-    sinks = history_sinks(p.sinks, evo.new_sinks) if evo is not None else []
-    if not sinks or not p.time:  # a pipeline's first run reads the queue from its start
-        return p.time
+    evo = d.evolution
+    sinks = history_sinks(d.sinks, evo.new_sinks) if evo is not None else []
+    if not sinks or not d.time:  # a pipeline's first run reads the queue from its start
+        return d.time
     t0 = time.perf_counter()
     ranges = {}
-    for q in p.queues:
-        through = p.bindings.get(q, -1)
-        held = [e.sequence for e in list_entries(p.store, f"{q}/manifest", None)
+    for q in d.queues:
+        through = d.bindings.get(q, -1)
+        held = [e.sequence for e in list_entries(d.store, f"{q}/manifest", None)
                 if e.sequence <= through]
         ranges[q] = (held[0] - 1 if held else through, through)
         if through >= 0 and not held:
             log.warning("pipeline %r: queue %r holds none of the %d batches consumed so far: "
                         "the history of %s is empty (Pipeline(retain_batches=N) keeps the "
-                        "newest N)", p.name, q, through + 1, [s.shard for s in sinks])
-    entries = reduce(lambda a, b: a.unionByName(b),
-                     [p._range_df(q, after, through) for q, (after, through) in ranges.items()])
+                        "newest N)", d.name, q, through + 1, [s.shard for s in sinks])
+    entries = d.range_entries(ranges)
     marks = {**{f"{HISTORY_KEY}:{q}": after for q, (after, _) in ranges.items()},
              **{f"{HISTORY_SINK_KEY}:{s.shard}": 1 for s in sinks}}
-    t = p.time
-    p._commit_batch(entries, {q: through for q, (_, through) in ranges.items()},
-                    watermark=None, nodes=lineage(p.nodes, sinks),
-                    shards={s.shard for s in sinks}, marks=marks)
-    p.metrics["history_batches"] += 1
-    p.last_history = {"time": t, "shards": sorted(s.shard for s in sinks),
+    t = d.time
+    d.commit_batch(entries, {q: through for q, (_, through) in ranges.items()},
+                   watermark=None, nodes=lineage(d.nodes, sinks),
+                   shards={s.shard for s in sinks}, marks=marks)
+    d.metrics["history_batches"] += 1
+    d.last_history = {"time": t, "shards": sorted(s.shard for s in sinks),
                       "queue_batches": sum(through - after for after, through in ranges.values()),
                       "ranges": {q: [after + 1, through] for q, (after, through) in
                                  ranges.items()},
-                      "input_rows": p.last_batch["input_rows"],
+                      "input_rows": d.last_batch["input_rows"],
                       "seconds": round(time.perf_counter() - t0, 3)}
     log.info("pipeline %r: history batch t=%d for %s: queue batches %s",
-             p.name, t, p.last_history["shards"], p.last_history["ranges"])
-    return p.time
+             d.name, t, d.last_history["shards"], d.last_history["ranges"])
+    return d.time
 
 
 def stored_history(bindings: dict[str, int]) -> tuple[dict[str, int], set[str]] | None:
@@ -100,24 +98,3 @@ def stored_history(bindings: dict[str, int]) -> tuple[dict[str, int], set[str]] 
               if k.startswith(f"{HISTORY_KEY}:")}
     shards = {k.split(":", 1)[1] for k in bindings if k.startswith(f"{HISTORY_SINK_KEY}:")}
     return (queues, shards) if shards else None
-
-
-def replay(p, t: int, stored: tuple[dict[str, int], set[str]], behind: list) -> None:
-    """Recompute the output of history batch ``t`` for the shards ``behind`` (at t) and link
-    it: history sinks from the recorded range over state v(t-1), the others empty."""
-    afters, shards = stored
-    prev = progress_at(p.persist, p.progress_shard, t - 1)
-    sinks = [s for s in p.sinks if s.shard in shards]
-    wanted = {s for s, _ in behind} & shards
-    if wanted:
-        entries = reduce(lambda a, b: a.unionByName(b), [
-            p._range_df(q, afters.get(q, p.bindings.get(q, -1)), p.bindings.get(q, -1))
-            for q in p.queues])
-        result = p._run_stages(entries, prev.get(STATE_KEY), t=t, write_state=False,
-                               shards=wanted, watermark=None, nodes=lineage(p.nodes, sinks))
-        outputs = result["outputs"]
-    else:
-        from headrace.pipeline.outputs import OutputCollector
-
-        outputs = OutputCollector()
-    p._link_outputs(outputs, t, behind)

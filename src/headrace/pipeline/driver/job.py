@@ -7,28 +7,33 @@ whole graph as one Spark job. Only those control rows reach the driver.
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 from functools import lru_cache, reduce
 
 import pyarrow as pa
 
-from headrace.pipeline import eventtime
-from headrace.pipeline.decode import ENTRY_DDL, Decoder, entries_task
-from headrace.pipeline.names import BUCKET, SIDE, W
-from headrace.pipeline.plan import Map, Node, Operator, SourceTable, Union, consumers, spark_ddl
-from headrace.pipeline.tasks import (
-    CONTROL_SCHEMA,
-    KIND,
-    PAYLOAD,
-    StageSpec,
-    TaskContextSpec,
-    run_stage_partition,
-    schema_to_bytes,
-    stage_schema,
+from headrace.buffer import list_entries
+from headrace.pipeline.encoding.columnar import columns_option
+from headrace.pipeline.encoding.ipc import schema_to_bytes
+from headrace.pipeline.encoding.types import spark_ddl
+from headrace.pipeline.errors import RangeGone
+from headrace.pipeline.exec.control import CONTROL_SCHEMA, stage_schema
+from headrace.pipeline.exec.decode import ENTRY_DDL, Decoder, entries_task, widen
+from headrace.pipeline.exec.queue_source import read_batches
+from headrace.pipeline.exec.tasks import StageSpec, TaskContextSpec, run_stage_partition
+from headrace.pipeline.exec.workers import open_reader, task_store
+from headrace.pipeline.names import BUCKET, KIND, PAYLOAD, SIDE, W
+from headrace.pipeline.plan import eventtime
+from headrace.pipeline.plan.nodes import (
+    Map,
+    Node,
+    Operator,
+    SourceTable,
+    Union,
+    consumers,
 )
-
-
-class RangeGone(LookupError):
-    """The queue no longer holds a range recovery needs."""
 
 
 def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t: int,
@@ -130,17 +135,12 @@ def warm_workers(spark, ctx: TaskContextSpec, on_requests=None):
     micro-batch: on a restart that start-up is seconds, and the batch's tasks would pay it
     first. ``on_requests(dict)`` gets the object-store requests the job made. Returns the
     thread (nothing depends on it; a failure is only logged)."""
-    import json
-    import logging
-    import threading
-
     n = spark.sparkContext.defaultParallelism
     url, stream, version, cache_dir = ctx.url, ctx.stream, ctx.state_version, ctx.cache_dir
     reservoir = ctx.backend == "reservoir"
 
     def warm(batches):
-        from headrace.pipeline import tasks  # noqa: F401 - the kernels' imports
-        from headrace.pipeline.workers import open_reader, task_store
+        from headrace.pipeline.exec import tasks  # noqa: F401 - the kernels' imports, here
 
         for _ in batches:
             pass
@@ -251,8 +251,6 @@ def range_batches(store, queue: str, after: int, through: int) -> list[tuple]:
     """The queue batches holding sequences (after, through], as the (sequence, location,
     metadata items) that ``queue_source.read_batches`` reads (the driver lists the manifest
     only); RangeGone if the queue no longer holds them all."""
-    from headrace.buffer import list_entries
-
     entries = [e for e in list_entries(store, f"{queue}/manifest", after)
                if e.sequence <= through]
     if not entries or entries[-1].sequence != through:
@@ -267,8 +265,6 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
     """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS (then ``decoder``'s
     struct columns: columnar entries arrive as their rows) read by executors (the driver lists
     the manifest only)."""
-    from headrace.pipeline.columnar import columns_option
-
     manifest = f"{queue}/manifest"
     ddl = decoder.entries_ddl() if decoder is not None else ENTRY_DDL
     if through <= after:
@@ -284,9 +280,6 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
     structs = decoder.columns if decoder is not None else pa.schema([])
 
     def read(batches):
-        from headrace.pipeline.decode import widen
-        from headrace.spark.queue_source import read_batches
-
         for b in batches:
             for i in b.column(0).to_pylist():
                 for rb in read_batches(url, manifest, manifest.rpartition("/")[0],

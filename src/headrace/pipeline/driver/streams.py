@@ -51,13 +51,15 @@ from headrace.codec import new_ulid, ulid_timestamp_ms, zstd_compress
 from headrace.errors import (
     AlreadyExists,
     FormatError,
-    HeadraceError,
     InvalidInput,
     NotFound,
     PreconditionFailed,
     StoreError,
 )
-from headrace.pipeline.plan import arrow_schema
+from headrace.pipeline.encoding import columnar
+from headrace.pipeline.encoding.types import arrow_schema
+from headrace.pipeline.errors import StreamCheckpointLost, StreamIngestError
+from headrace.pipeline.exec.workers import task_store
 from headrace.retry import RetryPolicy
 from headrace.store import CREATE, IfMatch
 
@@ -68,15 +70,6 @@ FILE_BYTES = 8 << 20  # entry bytes per uploaded batch file (readers bound a blo
 APPEND_WINDOW_MS = 300_000  # half of the queue collector's default grace period (600 s)
 _UPLOAD_ATTEMPTS = 3  # fresh uploads when an append finds its files past the window
 _FILES_DDL = "location string, records long, bytes long"
-
-
-class StreamIngestError(HeadraceError, RuntimeError):
-    """The ingest of a stream cannot continue without risking a lost or duplicated row."""
-
-
-class StreamCheckpointLost(StreamIngestError):
-    """The side query's Spark checkpoint is not the one that wrote the queue: Spark would read
-    the source again from its start, duplicating (or, by batch id, skipping) rows."""
 
 
 @dataclass(frozen=True)
@@ -122,11 +115,7 @@ def upload_task(url: str, queue: str, stream: str, batch_id: int, schema: pa.Sch
                 file_bytes: int = FILE_BYTES):
     """mapInArrow function: a partition's rows (the stream's columns) -> columnar entries in
     batch files under ``queue/``, one row (location, records = rows, bytes) per file."""
-    from headrace.pipeline import columnar
-
     def fn(batches):
-        from headrace.pipeline.workers import task_store
-
         store = task_store(url)
         pending: list[bytes] = []
         rows: list[int] = []

@@ -28,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.encoding.types import parse_schema, spark_type
+from headrace.pipeline.errors import ColumnarEntryError
 from headrace.pipeline.names import W
 
 MAGIC = b"HRC1"
@@ -36,16 +38,6 @@ ENTRY_BYTES = 4 << 20  # target size of one encoded entry (rows are split across
 MAX_ENTRY_BYTES = 64 << 20  # the largest columnar entry a reader accepts
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream: continuation, length 0
 _RECORD_BATCH = 3  # flatbuffer MessageHeader union tag of a RecordBatch (Message.fbs)
-
-
-class ColumnarEntryError(InvalidInput):
-    """A columnar entry that does not decode: ``table`` / ``field`` name what was wrong where
-    known (None otherwise), ``reason`` says what."""
-
-    def __init__(self, reason: str, table: str | None = None, field: str | None = None):
-        where = f"table {table!r}" + (f", field {field!r}" if field else "") if table else ""
-        super().__init__(f"columnar entry{' (' + where + ')' if where else ''}: {reason}")
-        self.table, self.field, self.reason = table, field, reason
 
 
 def encode(table: str, data: pa.Table | pa.RecordBatch, schema: str | pa.Schema | None = None,
@@ -64,8 +56,6 @@ def encode_counted(table: str, data: pa.Table | pa.RecordBatch,
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(schema, str):
-        from headrace.pipeline.plan import parse_schema
-
         schema = parse_schema(schema, f"columnar entries of {table!r}")
     if schema is not None:
         missing = [f.name for f in schema if f.name not in data.column_names]
@@ -262,8 +252,6 @@ def columns_ddl(columns: pa.Schema) -> str:
 
 def struct_ddl(column: pa.Field) -> str:
     """The Spark type of one struct column."""
-    from headrace.pipeline.plan import spark_type
-
     return "struct<" + ", ".join(f"`{c.name}`: {spark_type(c.type)}" for c in column.type) + ">"
 
 

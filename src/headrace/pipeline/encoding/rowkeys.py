@@ -390,36 +390,34 @@ def concat_binary(*arrays: pa.Array | pa.ChunkedArray | bytes) -> pa.Array:
     return _as_array(out)
 
 
-_P = np.uint64(0x100000001B3)  # FNV-64 prime, as the polynomial base
+def decode_columns_at(codec: RowCodec, offset, keys: pa.Array) -> pa.Table:
+    """The columns of ``codec`` encoded inside each key of ``keys`` at byte ``offset`` (a number,
+    or a function of (data, starts, ends) giving one per key), decoded: the bucket columns of
+    a state key (operators.kernel.Rebucketable). A key too short for them is a FormatError."""
+    starts, ends, data = _binary_parts(keys)
+    off = offset(data, starts, ends) if callable(offset) else offset
+    lo = starts + (off if isinstance(off, np.ndarray) else np.int64(off))
+    cur = lo.copy()
+    for f in codec.schema:  # the encoding's end: flag byte, then fixed or 4-byte length + data
+        w = _fixed_width(f.type)
+        _check_inside(cur + 1 + (4 if w is None else w), ends, starts, f.name)
+        if w is None:
+            lb = data[(cur + 1)[:, None] + np.arange(4)]
+            cur = cur + 5 + np.ascontiguousarray(lb).view(">u4").reshape(len(cur)).astype(
+                np.int64)
+            _check_inside(cur, ends, starts, f.name)
+        else:
+            cur = cur + 1 + w
+    lengths = cur - lo
+    offsets = np.zeros(len(lo) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    sliced = _make_binary(offsets, data[_gather_ranges(lo, lengths)])
+    return codec.decode(sliced)
 
 
-def bucket_ids(encoded: pa.Array | pa.ChunkedArray, n_buckets: int) -> np.ndarray:
-    """The bucket (0..n_buckets-1) of each encoded key: a fixed 64-bit hash of its bytes.
-
-    Route rows by the *normalised* key encoding (``RowCodec(..., normalize=True)``), so 0.0 and
-    -0.0, or two NaNs, meet the same state. The hash is the same in every process and release
-    (never Python's ``hash``): a polynomial over the bytes, mixed by splitmix64's finaliser.
-    """
-    if n_buckets < 1:
-        raise InvalidInput(f"n_buckets must be >= 1, got {n_buckets}")
-    row_start, row_end, data = _binary_parts(encoded)
-    lengths = row_end - row_start
-    n = len(lengths)
-    h = np.full(n, np.uint64(0xCBF29CE484222325), np.uint64)
-    total = int(lengths.sum())
-    if total:
-        idx = _gather_ranges(row_start, lengths)
-        first = np.cumsum(lengths) - lengths
-        within = np.arange(total, dtype=np.int64) - np.repeat(first, lengths)
-        with np.errstate(over="ignore"):
-            powers = np.cumprod(np.full(int(lengths.max()), _P, np.uint64))
-            terms = (data[idx].astype(np.uint64) + np.uint64(1)) * powers[within]
-            h[lengths > 0] ^= np.add.reduceat(terms, first[lengths > 0])
-    with np.errstate(over="ignore"):
-        h ^= lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(30)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
-        h *= np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(31)
-    return (h % np.uint64(n_buckets)).astype(np.int32)
+def _check_inside(end: np.ndarray, ends: np.ndarray, starts: np.ndarray, name: str) -> None:
+    short = end > ends
+    if np.any(short):
+        i = int(np.argmax(short))
+        raise FormatError(None, int(ends[i] - starts[i]), f"state key {i} ends inside bucket "
+                                                          f"column {name!r}")

@@ -26,11 +26,14 @@ from functools import reduce
 import numpy as np
 import pyarrow as pa
 
-from headrace.pipeline import columnar
+from headrace.pipeline.encoding import columnar
+from headrace.pipeline.encoding.ipc import schema_from_bytes, table_to_ipc
+from headrace.pipeline.encoding.types import spark_ddl
+from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows
+from headrace.pipeline.exec.outputs import upload_task_part
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.plan import SourceTable, spark_ddl
+from headrace.pipeline.plan.nodes import SourceTable
 
-TABLE = f"{PREFIX}table"
 CORRUPT = f"{PREFIX}corrupt"
 UNION = f"{PREFIX}union"
 MAX_ENTRY_BYTES = 1 << 20
@@ -40,7 +43,7 @@ DEAD_LETTER_SCHEMA = pa.schema([("queue", pa.string()), ("sequence", pa.int64())
                                 ("entry", pa.binary())])
 ENTRY_COLUMNS = ("queue", "sequence", "index", "entry")  # a micro-batch's input rows
 ENTRY_DDL = "queue string, sequence long, index int, entry binary"
-_EXAMPLES = 5  # bad entries described in full per task (fail mode)
+EXAMPLES = 5  # bad entries described in full per task (fail mode)
 
 
 class Decoder:
@@ -254,7 +257,7 @@ def bad_summary(rows: pa.Table, schemas: dict[str, dict[str, pa.Schema]],
     seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
     summary = {"count": rows.num_rows, "examples": [
         {"queue": q, "sequence": s, "index": i, "table": d[0], "field": d[1], "reason": d[2]}
-        for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:_EXAMPLES]]}
+        for q, s, i, d in list(zip(queues, seqs, idx, described, strict=True))[:EXAMPLES]]}
     return summary, described
 
 
@@ -264,13 +267,6 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
     """mapInArrow function over a partition of :meth:`Decoder.split`'s checked rows: yields
     (KIND, PAYLOAD) control rows — ("rows", entries in the partition), ("bad", summary) and,
     with a dead-letter shard, its part ("part"/"out", like an output)."""
-    from headrace.pipeline.tasks import (
-        CONTROL_SCHEMA,
-        control_rows,
-        schema_from_bytes,
-        table_to_ipc,
-    )
-
     schemas: dict[str, dict[str, pa.Schema]] = {}  # queue -> table -> schema
     for (queue, table), b in tables.items():
         schemas.setdefault(queue, {})[table] = schema_from_bytes(b)
@@ -300,8 +296,6 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
             if part.nbytes <= inline_max:
                 control.append(("out", pickle.dumps((dead_letter, table_to_ipc(part)))))
             else:
-                from headrace.pipeline.outputs import upload_task_part
-
                 meta = upload_task_part(url, dead_letter, writer_id, part, persist_root)
                 control.append(("part", pickle.dumps((dead_letter, meta))))
         yield control_rows(control, CONTROL_SCHEMA)

@@ -15,6 +15,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from headrace.persist import upload_part
+from headrace.pipeline.encoding.ipc import table_from_ipc
 
 TIME, DIFF = "time", "diff"  # the output shard's columns (persist's update layout)
 
@@ -23,10 +24,6 @@ def upload_task_part(store, shard: str, writer_id: str, table: pa.Table, persist
     """Task side: upload ``table`` (data columns, time, diff) as a part of ``shard`` under the
     driver's registered writer id (one PUT, no consensus access); returns its PartMeta."""
     return upload_part(store, shard, writer_id, table, root=persist_root)
-
-
-def table_from_ipc(data) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 class OutputCollector:

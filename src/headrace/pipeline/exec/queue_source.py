@@ -11,7 +11,7 @@ Options: ``url`` (required), ``manifest_path`` (default ``ingest/manifest``),
 ``max_batches_per_trigger`` (a ``ReadMaxFiles`` limit), ``batches_per_partition`` (default 1),
 ``columns`` (the pipeline sets it: ``columnar.columns_option`` of the struct columns of the
 tables it reads from this queue — each columnar entry of those tables arrives as its rows, typed,
-with no parse; see pipeline/columnar.py), ``splits_per_batch`` (default 1: a queue batch read
+with no parse; see pipeline/encoding/columnar.py), ``splits_per_batch`` (default 1: a queue batch read
 by that many tasks, each fetching it and keeping its share of the rows — a trade of k - 1
 extra GETs per batch, and of each task decoding every columnar entry of the batch, for a first
 stage that uses k cores; the pipeline sets it to Spark's default parallelism),
@@ -46,7 +46,7 @@ from headrace.buffer.batches import fetch_block
 from headrace.buffer.config import DEFAULT_DATA_PREFIX, DEFAULT_MANIFEST_PATH
 from headrace.buffer.types import SkipRecord
 from headrace.errors import FormatError, HeadraceError
-from headrace.pipeline.columnar import columns_ddl, explode, parse_columns_option
+from headrace.pipeline.encoding.columnar import columns_ddl, explode, parse_columns_option
 from headrace.retry import RetryPolicy
 from headrace.store import open_store
 
@@ -269,6 +269,14 @@ class QueueDataSource(DataSource):
 
 def register(spark) -> None:
     """Make ``spark.readStream.format("headrace.queue")`` available in this session."""
-    from headrace.spark import register_source
-
     register_source(spark, QueueDataSource)
+
+
+def register_source(spark, source) -> None:
+    """Register the DataSource class ``source`` on ``spark`` unless its name resolves already:
+    re-registering a statically registered source works but logs a WARN on every call."""
+    jsession = getattr(spark, "_jsparkSession", None)  # None on Spark Connect: just register
+    if jsession is not None and \
+            jsession.sessionState().dataSourceManager().dataSourceExists(source.name()):
+        return
+    spark.dataSource.register(source)

@@ -1,19 +1,9 @@
 """What runs inside a Spark task: one operator over the state buckets of one shuffle partition.
 
 Input: Arrow record batches with the operator's input columns, ``W``, ``BUCKET`` and, for a
-two-input operator, ``SIDE``. Output: rows of the stage schema — ``KIND``, ``PAYLOAD``, then the
-operator's output columns and ``W``. A row with ``KIND`` null is a *data* row (the output delta,
-kept on the executors for the next operator); every other row is a small *control* row, the only
-thing the driver collects:
-
-- ``"run"``: the pickled :class:`PageRun` of this task's state changes (full reservoir files
-  already uploaded by the task, small leftovers inline for the driver to bundle);
-- ``"part"``: (shard, PartMeta) — an output part this task uploaded for a sink;
-- ``"out"``: (shard, Arrow IPC) — an output too small to be worth a PUT (≤ ``inline_max`` bytes),
-  which the driver packs with the other tasks' into one part; the driver so holds at most
-  tasks × inline_max bytes of rows, whatever the batch size;
-- ``"indexes"``: (local+backup backend) JSON {bucket key: new backup snapshot index id};
-- ``"metrics"``: JSON object-store request counts of this task.
+two-input operator, ``SIDE``. Output: rows of the stage schema (control.py) — ``KIND``,
+``PAYLOAD``, then the operator's output columns and ``W``: data rows (the output delta, kept on
+the executors for the next operator) and the few control rows the driver collects.
 
 Specs travel to executors by pickling, so they hold only plain values (schemas as IPC).
 """
@@ -29,40 +19,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.pipeline import operators
-from headrace.pipeline.names import BUCKET, PREFIX, SIDE, W
+from headrace.pipeline.encoding.ipc import schema_from_bytes, table_to_ipc
+from headrace.pipeline.errors import PipelineError
+from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows, stage_schema
+from headrace.pipeline.exec.outputs import DIFF, TIME, upload_task_part
+from headrace.pipeline.exec.workers import open_reader, task_store
+from headrace.pipeline.names import BUCKET, SIDE, W
+from headrace.pipeline.operators.kernel import Expires, Kernel, RoutesKeys
+from headrace.pipeline.state import BucketLSM
+from headrace.pipeline.state.local_backup import LocalBackupBucketState, bucket_key
+from headrace.pipeline.state.task import Router, TaskState
+from headrace.reservoir import PageRunWriter, ReservoirOptions
 
-KIND = f"{PREFIX}kind"
-PAYLOAD = f"{PREFIX}payload"
 INLINE_MAX = 256 * 1024  # an output part smaller than this goes to the driver, not to a PUT
 STATE_FILE_BYTES = 16 << 20  # a task uploads its own state file past this; less goes inline
 TASK_LEVEL_ROWS_PER_BUCKET = 4096  # below: one kernel call for all of a task's buckets
-
-
-def schema_to_bytes(schema: pa.Schema) -> bytes:
-    return schema.serialize().to_pybytes()
-
-
-def schema_from_bytes(data: bytes) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(data))
-
-
-def table_to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def table_from_ipc(data) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
-CONTROL_SCHEMA = pa.schema([pa.field(KIND, pa.string()), pa.field(PAYLOAD, pa.binary())])
-
-
-def stage_schema(output: pa.Schema) -> pa.Schema:
-    """Control columns first, then the operator's output columns and the weight."""
-    return pa.schema([*CONTROL_SCHEMA, *output, pa.field(W, pa.int64())])
 
 
 @dataclass
@@ -84,7 +55,7 @@ class StageSpec:
     # (windows the watermark closed); emit = append mode: only those final rows are output
     expire: tuple[bytes, bool] | None = None
 
-    def kernel(self):
+    def kernel(self) -> Kernel:
         return operators.build(self.kind, [schema_from_bytes(b) for b in self.inputs],
                                self.params)
 
@@ -113,9 +84,6 @@ class _States:
 
     def __init__(self, spec: StageSpec, ctx: TaskContextSpec, store, partition_id: int,
                  attempt: int):
-        from headrace.pipeline.workers import open_reader
-        from headrace.reservoir import PageRunWriter, ReservoirOptions
-
         self.spec, self.ctx, self.store = spec, ctx, store
         self.local = ctx.backend == "local+backup"
         self.reader = None if self.local else open_reader(ctx.url, ctx.stream,
@@ -126,9 +94,6 @@ class _States:
         self.new_indexes: dict[str, str] = {}
 
     def open(self, side: int, bucket: int):
-        from headrace.pipeline.state import BucketLSM
-        from headrace.spark.local_state import LocalBackupBucketState, bucket_key
-
         if not self.local:
             return BucketLSM(self.reader, self.spec.op, side, bucket, shared_cache=True)
         key = bucket_key(self.spec.op, side, bucket)
@@ -150,8 +115,6 @@ class _States:
 def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partition_id: int,
                         attempt: int):
     """Apply the operator to every bucket in these batches; yield stage-schema batches."""
-    from headrace.pipeline.workers import task_store
-
     batches = list(batches)
     if not batches or sum(b.num_rows for b in batches) == 0:
         return
@@ -162,8 +125,8 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
     store = task_store(ctx.url)
     before = store.counts()
     states = _States(spec, ctx, store, partition_id, attempt)
-    if _task_level(kernel, spec, states, table):
-        outs = [_apply_task(kernel, table, schemas, states)]
+    if isinstance(kernel, RoutesKeys) and _task_level(spec, states, table):
+        outs = [_apply_task(kernel, kernel, table, schemas, states)]
     else:
         outs = _apply_per_bucket(kernel, table, schemas, states, spec)
     outs = [o for o in outs if o.num_rows]
@@ -186,23 +149,23 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
     yield control_rows(control, full)
 
 
-def _task_level(kernel, spec: StageSpec, states: _States, table: pa.Table) -> bool:
-    """Whether to run the kernel once for all the task's buckets: with reservoir state, no
-    event-time expiry (per bucket), a kernel that names its state keys, and a delta small per
+def _task_level(spec: StageSpec, states: _States, table: pa.Table) -> bool:
+    """Whether to run a kernel that names its state keys (RoutesKeys) once for all the task's
+    buckets: with reservoir state, no event-time expiry (per bucket), and a delta small per
     bucket — the per-bucket fixed cost is what one call saves (measured, 1M keys: 62 vs 100 ms
     per task at 625 rows per bucket, equal at 3k, and per bucket wins at 30k, where one call's
     hashing and sorting of 250k keys costs more than 8 calls of 31k)."""
-    if spec.expire is not None or states.local or not hasattr(kernel, "route_keys"):
+    if spec.expire is not None or states.local:
         return False
     buckets = len(np.unique(table[BUCKET].to_numpy()))
     return table.num_rows <= TASK_LEVEL_ROWS_PER_BUCKET * buckets
 
 
-def _apply_task(kernel, table: pa.Table, schemas: list[pa.Schema], states: _States) -> pa.Table:
+def _apply_task(kernel: Kernel, routes: RoutesKeys, table: pa.Table,
+                schemas: list[pa.Schema], states: _States) -> pa.Table:
     """The kernel once over all of the task's buckets: per state side a TaskState routes each
-    state key to the bucket its delta row names (state/task.py)."""
-    from headrace.pipeline.state.task import Router, TaskState
-
+    state key to the bucket its delta row names (``routes``: the kernel, as RoutesKeys;
+    state/task.py)."""
     if len(schemas) == 2:
         sides = [table.filter(pc.equal(table[SIDE], i)) for i in range(2)]
         deltas = [_columns(rows, schemas[i]) for i, rows in enumerate(sides)]
@@ -213,7 +176,7 @@ def _apply_task(kernel, table: pa.Table, schemas: list[pa.Schema], states: _Stat
     ids = np.unique(np.concatenate(buckets)).tolist()
     router = None
     if len(ids) > 1:
-        router = Router([(keys, buckets[i]) for i, keys in kernel.route_keys(deltas)])
+        router = Router([(keys, buckets[i]) for i, keys in routes.route_keys(deltas)])
     opened = [TaskState({b: states.open(s, b) for b in ids}, router)
               for s in range(kernel.state_sides)]
     out = kernel.apply(deltas, opened)
@@ -222,9 +185,13 @@ def _apply_task(kernel, table: pa.Table, schemas: list[pa.Schema], states: _Stat
     return out
 
 
-def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states: _States,
+def _apply_per_bucket(kernel: Kernel, table: pa.Table, schemas: list[pa.Schema], states: _States,
                       spec: StageSpec) -> list[pa.Table]:
     """The kernel once per bucket (the local+backup backend, event-time expiry)."""
+    expires = kernel if isinstance(kernel, Expires) else None
+    if spec.expire is not None and expires is None:
+        raise PipelineError(f"operator {spec.op} ({spec.kind}) has no event-time state to "
+                            "expire")
     outs = []
     # a task holds several buckets: sort once, then take each bucket as a slice
     table = table.sort_by(BUCKET)
@@ -242,9 +209,9 @@ def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states:
             deltas = [_columns(rows, schemas[0])]
         opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
         out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
-        if spec.expire is not None:
+        if spec.expire is not None and expires is not None:
             below, emit = spec.expire
-            final = kernel.expire(opened, below, emit)
+            final = expires.expire(opened, below, emit)
             out = final if emit or out is None else pa.concat_tables([out, final])
         for st in opened:
             states.finish(st)
@@ -254,8 +221,6 @@ def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states:
 
 def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:
     """Each sink's share of this task's output: uploaded as a part, or inline when small."""
-    from headrace.pipeline.outputs import DIFF, TIME, upload_task_part
-
     if not spec.sinks or out.num_rows == 0:
         return []
     names = [n for n in out.column_names if n != W]
@@ -282,15 +247,6 @@ def _data_rows(out: pa.Table, full: pa.Schema) -> pa.RecordBatch:
         col = out[f.name]
         arrays.append(col.combine_chunks().cast(f.type) if isinstance(col, pa.ChunkedArray)
                       else col.cast(f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=full)
-
-
-def control_rows(control: list[tuple[str, bytes]], full: pa.Schema) -> pa.RecordBatch:
-    """(KIND, PAYLOAD) rows in a batch of ``full`` (the stage schema; other columns null)."""
-    n = len(control)
-    arrays = [pa.array([k for k, _ in control], pa.string()),
-              pa.array([p for _, p in control], pa.binary())]
-    arrays += [pa.nulls(n, f.type) for f in list(full)[2:]]
     return pa.RecordBatch.from_arrays(arrays, schema=full)
 
 

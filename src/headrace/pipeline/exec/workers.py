@@ -17,6 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from headrace.reservoir import ReservoirOptions, ReservoirReader
 from headrace.store import CountingStore, open_store
 
 _lock = threading.Lock()
@@ -36,8 +37,6 @@ def task_store(url: str) -> CountingStore:
 def open_reader(url: str, stream: str, version: int | None, cache_dir: str | None):
     """A ReservoirReader for (url, stream, version), cached per process; None before the first
     state version exists."""
-    from headrace.reservoir import ReservoirReader
-
     if version is None:
         return None
     key = (url, stream, version)
@@ -70,8 +69,6 @@ def reader_options():
     GETs. Where ``spark.executor.pyspark.memory`` caps the worker's address space the cache
     reads its files with pread instead of mapping them (reservoir/cache.py), so it takes none
     of the cap: capped workers keep the whole default cache."""
-    from headrace.reservoir import ReservoirOptions
-
     mb = int(os.environ.get("HEADRACE_STATE_CACHE_MB") or 10 << 10)
     return ReservoirOptions(max_cache_size_bytes=mb << 20,
                             max_file_size=min(ReservoirOptions().max_file_size, mb << 20))

@@ -21,10 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.pipeline.operators import exactsum
-from headrace.pipeline.operators.zset import group_sum
+from headrace.pipeline.operators.deltas import group_sum
 
 _M24 = (1 << 24) - 1
-SUMS = ("sum_int", "sum_double", "avg")  # the kinds whose fields are made here, with count
 
 
 def fields(kind: str, j: int, n_limbs: int) -> list[pa.Field]:

@@ -29,12 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import FormatError, InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import accumulators, exactsum
-from headrace.pipeline.operators.base import ArithmeticOverflow, StateSpine, replace_rows
-from headrace.pipeline.operators.multisets import distinct_steps, extreme
-from headrace.pipeline.operators.zset import (
+from headrace.pipeline.operators.deltas import (
     align,
     as_array,
     dense_ids,
@@ -43,6 +42,18 @@ from headrace.pipeline.operators.zset import (
     weights,
     zset,
 )
+from headrace.pipeline.operators.kernel import (
+    Expires,
+    Kernel,
+    KeyLayout,
+    Rebucketable,
+    RoutesKeys,
+    StateSpine,
+    delete_below,
+    replace_rows,
+    tagged_offsets,
+)
+from headrace.pipeline.operators.multisets import distinct_steps, extreme
 
 FUNCS = ("count", "sum", "avg", "min", "max", "count_distinct", "sum_distinct",
          "avg_distinct")
@@ -75,7 +86,7 @@ def _long_sum_type(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) and t != pa.uint64()
 
 
-class AggregateKernel:
+class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
     state_sides = 1
 
     def __init__(self, schema: pa.Schema, by: Sequence[str], aggs: Sequence[Agg]):
@@ -149,6 +160,10 @@ class AggregateKernel:
             raise InvalidInput(f"aggregate {a.name!r}: {what} of uint64 is not supported")
         kind = "sum_double" if func == "sum" else "avg"
         return kind, accumulators.fields(kind, j, 0), pa.float64()
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """ACC g | MULTISET j j g | DISTINCT j j g v: the group key after the section tag."""
+        return self.group_codec, tagged_offsets({0: 1, 1: 3, 2: 3}, "aggregate")
 
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.by)
@@ -284,8 +299,6 @@ class AggregateKernel:
         and distinct values — one deleted key range per state section, read not at all — and
         with ``emit`` (append mode) return the groups' final rows (+1), read by a scan of only
         the closed groups' range. ``states``: the operator's spines of the bucket (one)."""
-        from headrace.pipeline.operators.join import _delete_below
-
         state = states[0]
         if not self.by:
             return self._empty()
@@ -294,13 +307,13 @@ class AggregateKernel:
         if emit:
             found = list(state.scan(ACC + NOT_NULL, ACC + below))
             t = pa.concat_tables(found).combine_chunks() if found else None
-        _delete_below(state, ACC + below, ACC + NOT_NULL)
+        delete_below(state, ACC + below, ACC + NOT_NULL)
         for j, kind in enumerate(self.kinds):
             section = (MULTISET if kind in ("min", "max")
                        else DISTINCT if j in self._distinct_codecs else None)
             if section is not None:  # keys: section, tag, group key (multiset value after)
                 tag = section + j.to_bytes(2, "big")
-                _delete_below(state, tag + below, tag + NOT_NULL)
+                delete_below(state, tag + below, tag + NOT_NULL)
         if t is None or not t.num_rows:
             return self._empty()
         gkeys = as_array(pc.binary_slice(t["key"], 1, 1 << 30))  # stop: Arrow needs one

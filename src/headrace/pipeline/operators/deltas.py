@@ -1,4 +1,5 @@
-"""Z-set helpers shared by the kernels: state rows, consolidation, dense group ids."""
+"""Z-set helpers shared by the kernels: weights, state rows, exact consolidation of user rows,
+dense group ids (the consolidation itself is headrace.zset's)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import FormatError
-from headrace.pipeline.keys import RowCodec
+from headrace.pipeline.encoding.rowkeys import RowCodec
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
+from headrace.zset import consolidate
 
 
 def as_array(col) -> pa.Array:
@@ -29,17 +31,6 @@ def zset(key, val, w) -> pa.Table:
                                  pc.cast(as_array(val), pa.binary()),
                                  pa.array(np.asarray(w, np.int64), pa.int64())],
                                 schema=ZSET_SCHEMA)
-
-
-def consolidate(table: pa.Table, weight: str = "w") -> pa.Table:
-    """Sum the weights of equal rows and drop zero weights (all other columns binary)."""
-    if table.num_rows == 0:
-        return table
-    cols = [c for c in table.column_names if c != weight]
-    g = table.group_by(cols, use_threads=False).aggregate([(weight, "sum")])
-    g = g.rename_columns([weight if c == f"{weight}_sum" else c for c in g.column_names])
-    g = g.filter(pc.not_equal(g[weight], 0))
-    return g.select(table.column_names)
 
 
 def consolidate_rows(table: pa.Table, codec: RowCodec) -> pa.Table:

@@ -9,13 +9,20 @@ import numpy as np
 import pyarrow as pa
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.operators.base import StateSpine
-from headrace.pipeline.operators.zset import align, consolidate, weights, zset
+from headrace.pipeline.operators.deltas import align, weights, zset
+from headrace.pipeline.operators.kernel import (
+    Kernel,
+    KeyLayout,
+    Rebucketable,
+    RoutesKeys,
+    StateSpine,
+)
+from headrace.zset import consolidate
 
 
-class DistinctKernel:
+class DistinctKernel(Kernel, RoutesKeys, Rebucketable):
     state_sides = 1
 
     def __init__(self, schema: pa.Schema):
@@ -24,6 +31,10 @@ class DistinctKernel:
                 raise InvalidInput(f"column {f.name!r} uses the reserved prefix {PREFIX!r}")
         self.codec = keys.RowCodec(schema, normalize=True)
         self.output_schema = self.codec.schema
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """The row is the key."""
+        return self.codec, 0
 
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.output_schema.names)

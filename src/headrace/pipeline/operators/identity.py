@@ -6,9 +6,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from headrace.pipeline.names import W
+from headrace.pipeline.operators.kernel import Kernel
 
 
-class IdentityKernel:
+class IdentityKernel(Kernel):
     state_sides = 0
 
     def __init__(self, schema: pa.Schema):

@@ -39,18 +39,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.base import ZSET_SCHEMA, StateSpine
-from headrace.pipeline.operators.join import JoinKernel, _check_products, _delete_below
-from headrace.pipeline.operators.zset import (
-    as_array,
-    consolidate,
-    consolidate_rows,
-    group_sum,
-    weights,
-    zset,
-)
+from headrace.pipeline.operators.deltas import as_array, consolidate_rows, group_sum, weights, zset
+from headrace.pipeline.operators.join import JoinKernel, _check_products
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA, KeyLayout, StateSpine, delete_below
+from headrace.zset import consolidate
 
 MAX_BOUND_US = 1 << 60  # far beyond any timestamp span: sums of times and bounds never wrap
 COUNT_BYTES = 8
@@ -153,6 +147,10 @@ class IntervalJoinKernel(JoinKernel):
                         self.how in ("right", "full"))
         # a counted side's unmatched rows come out (all but semi's): they are stored too
         self.padded = (self.counted[0] and self.how != "left_semi", self.counted[1])
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """slot (8 bytes) key: the join key after the time slot."""
+        return (self.lkey if side == 0 else self.rkey), 8
 
     def _alone(self, m: np.ndarray) -> np.ndarray:
         """f(m): is a counted row with m matches output alone?"""
@@ -371,7 +369,7 @@ class IntervalJoinKernel(JoinKernel):
         bounds = (below[:8], below[8:16])
         out = self._final(states, bounds) if emit else self._empty()
         for state, bound in zip(states, bounds, strict=True):
-            _delete_below(state, bound)
+            delete_below(state, bound)
         return out
 
     def _final(self, states, bounds: tuple[bytes, bytes]) -> pa.Table:

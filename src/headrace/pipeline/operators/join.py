@@ -23,18 +23,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.operators.base import StateSpine
-from headrace.pipeline.operators.zset import (
+from headrace.pipeline.operators.deltas import (
     align,
     as_array,
-    consolidate,
     consolidate_rows,
     group_sum,
     weights,
     zset,
 )
+from headrace.pipeline.operators.kernel import (
+    Expires,
+    Kernel,
+    KeyLayout,
+    Rebucketable,
+    RoutesKeys,
+    StateSpine,
+    delete_below,
+)
+from headrace.zset import consolidate
 
 HOWS = {"inner": "inner", "left": "left", "left_outer": "left", "leftouter": "left",
         "right": "right", "right_outer": "right", "rightouter": "right", "full": "full",
@@ -43,7 +51,7 @@ HOWS = {"inner": "inner", "left": "left", "left_outer": "left", "leftouter": "le
         "anti": "left_anti", "leftanti": "left_anti"}
 
 
-class JoinKernel:
+class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
     state_sides = 2
 
     def __init__(self, left: pa.Schema, right: pa.Schema, how: str = "inner", *,
@@ -99,6 +107,10 @@ class JoinKernel:
         self.output_schema = pa.schema(fields)
         self.out_codec = keys.RowCodec(self.output_schema)
 
+    def key_layout(self, side: int) -> KeyLayout:
+        """The join key is the state key."""
+        return (self.lkey if side == 0 else self.rkey), 0
+
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.left_on if input_index == 0 else self.right_on)
 
@@ -148,7 +160,7 @@ class JoinKernel:
             raise InvalidInput("a join emits changes, not final rows: write it with "
                                "mode='update'")
         for state in states:  # the bucket's spine of each side
-            _delete_below(state, below)
+            delete_below(state, below)
         return self._empty()
 
     def _side(self, delta: pa.Table, key_codec, row_codec, on, keep_rows: bool):
@@ -230,18 +242,6 @@ class JoinKernel:
         cols.append(pc.cast(w, pa.int64()))
         return pa.Table.from_arrays(cols, schema=pa.schema(
             list(self.output_schema) + [pa.field(W, pa.int64())]))
-
-
-def _delete_below(state, bound: bytes, start: bytes = b"") -> None:
-    """Delete every key of ``state`` in [start, bound): a deleted range, which drops the pages
-    inside it unread (``BucketLSM.delete_range``); a spine without ranges scans the keys and
-    deletes them one by one."""
-    if hasattr(state, "delete_range"):
-        state.delete_range(start, bound)
-        return
-    found = [as_array(t["key"]) for t in state.scan(start, bound)]
-    if found:
-        state.delete_keys(pa.concat_arrays(found))
 
 
 def _check_products(*tables: pa.Table) -> None:

@@ -13,16 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.pipeline import keys
-from headrace.pipeline.operators.base import StateSpine
-from headrace.pipeline.operators.zset import (
-    align,
-    as_array,
-    consolidate,
-    dense_ids,
-    group_sum,
-    zset,
-)
+from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.operators.deltas import align, as_array, dense_ids, group_sum, zset
+from headrace.pipeline.operators.kernel import StateSpine
+from headrace.zset import consolidate
 
 
 def distinct_steps(tag: bytes, codec: keys.RowCodec, delta: pa.Table, valid: np.ndarray,

@@ -44,10 +44,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.operators.base import ArithmeticOverflow, StateSpine
-from headrace.pipeline.operators.frames import (
+from headrace.pipeline.operators.deltas import as_array, consolidate_rows, dense_ids, weights, zset
+from headrace.pipeline.operators.kernel import (
+    Kernel,
+    KeyLayout,
+    Rebucketable,
+    RoutesKeys,
+    StateSpine,
+)
+from headrace.pipeline.operators.window_frames import (
     dense,
     fold,
     frame_bounds,
@@ -60,14 +68,7 @@ from headrace.pipeline.operators.frames import (
     run_ends,
     value_rank,
 )
-from headrace.pipeline.operators.zset import (
-    as_array,
-    consolidate,
-    consolidate_rows,
-    dense_ids,
-    weights,
-    zset,
-)
+from headrace.zset import consolidate
 
 RANKING = ("row_number", "rank", "dense_rank", "ntile", "percent_rank", "cume_dist")
 AGGREGATES = ("count", "sum", "avg", "min", "max")
@@ -165,7 +166,7 @@ class OrderKey:
         return (not self.descending) if self.nulls_first is None else self.nulls_first
 
 
-class OverKernel:
+class OverKernel(Kernel, RoutesKeys, Rebucketable):
     state_sides = 1
 
     def __init__(self, schema: pa.Schema, partition_by: Sequence[str],
@@ -275,6 +276,10 @@ class OverKernel:
             if not isinstance(b, int) or not -top <= b <= top:
                 raise InvalidInput(f"{where}: the offset {b!r} is not an integer within the "
                                    f"range of {t} (the order column {col!r})")
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """The partition key leads the state key."""
+        return self.part_codec, 0
 
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.partition_by)

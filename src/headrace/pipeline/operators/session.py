@@ -50,20 +50,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline import keys
+from headrace.pipeline.encoding import rowkeys as keys
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import exactsum
 from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
-from headrace.pipeline.operators.base import ZSET_SCHEMA, StateSpine
-from headrace.pipeline.operators.zset import (
+from headrace.pipeline.operators.deltas import (
     as_array,
-    consolidate,
     consolidate_rows,
     dense_ids,
     fill,
     weights,
     zset,
 )
+from headrace.pipeline.operators.kernel import (
+    ZSET_SCHEMA,
+    Expires,
+    Kernel,
+    KeyLayout,
+    Rebucketable,
+    RoutesKeys,
+    StateSpine,
+    delete_below,
+    tagged_offsets,
+)
+from headrace.zset import consolidate
 
 ROWS, ENDS, NEGATIVE = b"\x00", b"\x01", b"\x02"
 NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (keys.py)
@@ -85,7 +95,7 @@ def _empty_binary(n: int) -> pa.Array:
     return pa.array([b""] * n, pa.binary())
 
 
-class SessionKernel:
+class SessionKernel(Kernel, Expires, Rebucketable):
     """``group_by(F.session_window(time, gap), *by).agg(*aggs)`` with event-time state (the
     layout in the module docstring); output columns: ``by``, ``<name>_start``,
     ``<name>_end`` (the session), then the aggregates."""
@@ -126,6 +136,11 @@ class SessionKernel:
         self.row_codec = keys.RowCodec(schema)
         self.time_codec = keys.RowCodec(pa.schema([pa.field(time, t)]), [time], normalize=True)
         self._time_bytes = len(self._times(np.zeros(1, np.int64))[0].as_py())
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """ROWS|ENDS|NEGATIVE time g: the group key after the tag and the session time."""
+        n = 1 + self._time_bytes
+        return self.group_codec, tagged_offsets({0: n, 1: n, 2: n}, "session")
 
     def bucket_columns(self, input_index: int) -> list[str]:
         return list(self.by)
@@ -265,8 +280,6 @@ class SessionKernel:
         ended (a later insertion to cancel them would be late), as key ranges, unread. With
         ``emit`` (append mode) return those sessions' final rows (+1), read by the index's
         range and the rows' keys."""
-        from headrace.pipeline.operators.join import _delete_below
-
         state = states[0]
         if not below:  # no watermark yet: nothing is final
             return self._empty()
@@ -282,11 +295,11 @@ class SessionKernel:
                 final = self._aggregate(self._sessions(z)["rows"])
                 out = final.append_column(W, pa.array(fill(final.num_rows, 1)))
         for tag in (ROWS, ENDS, NEGATIVE):
-            _delete_below(state, tag + below, tag + NOT_NULL)
+            delete_below(state, tag + below, tag + NOT_NULL)
         return out
 
 
-class RoutedSessionKernel(SessionKernel):
+class RoutedSessionKernel(SessionKernel, RoutesKeys):
     """A session kernel whose time column is not event time: nothing expires, so the rows are
     kept by key (``00 key``) and every state key it touches is a delta row's — one apply can
     serve all of a task's buckets (``route_keys``). The event-time layout has no
@@ -294,6 +307,10 @@ class RoutedSessionKernel(SessionKernel):
     per bucket (tasks.py)."""
 
     expiring = False
+
+    def key_layout(self, side: int) -> KeyLayout:
+        """ROWS g: the group key after the section tag."""
+        return self.group_codec, tagged_offsets({0: 1}, "session")
 
     def route_keys(self, deltas: list[pa.Table]) -> list[tuple[int, pa.Array]]:
         """The state key of each delta row (its key's rows); see AggregateKernel.route_keys."""

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.pipeline.operators.zset import as_array
+from headrace.pipeline.operators.deltas import as_array
 
 _LOW32 = (1 << 32) - 1
 

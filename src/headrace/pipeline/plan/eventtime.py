@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from headrace.pipeline import keys
-from headrace.pipeline.names import BUCKET, W
-from headrace.pipeline.tasks import KIND, PAYLOAD
+from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.names import BUCKET, KIND, PAYLOAD, SIDE, W
+from headrace.pipeline.operators.interval import expiry_bounds
+from headrace.pipeline.plan.nodes import Map, Operator
+from headrace.pipeline.plan.progress import WM_KEY
 
 
 def _control(kind: str, name: str, value):
@@ -84,8 +86,6 @@ def prepare(spark, node, frame, watermark_us: int | None, buckets: int):
     None, the stage's ``expire`` spec) for an operator with event-time state."""
     from pyspark.sql import functions as F
 
-    from headrace.pipeline.names import SIDE
-
     columns, offsets = node.expiry["columns"], node.expiry["offsets_us"]
     if watermark_us is None:  # no watermark yet: nothing is final, nothing late
         return frame, None, ((b"", True) if node.emit_final else None)
@@ -103,8 +103,6 @@ def prepare(spark, node, frame, watermark_us: int | None, buckets: int):
         for f in kept.schema.fields])
     interval = node.params.get("interval")
     if interval is not None:
-        from headrace.pipeline.operators.interval import expiry_bounds
-
         below = expiry_bounds(interval, offsets, watermark_us)
     elif node.kind == "session":  # sessions whose end is final: end + (offset - gap) <= wm
         gap = node.params["gap_us"]
@@ -124,23 +122,17 @@ def parse_control(payload: bytes) -> tuple[str, int] | None:
 
 def watermark_nodes(nodes: list) -> list:
     """The with_watermark nodes of a plan."""
-    from headrace.pipeline.plan import Map
-
     return [n for n in nodes if isinstance(n, Map) and n.declares_watermark]
 
 
 def expiring(nodes: list) -> bool:
     """Does any operator keep event-time state (and so expire it)?"""
-    from headrace.pipeline.plan import Operator
-
     return any(isinstance(n, Operator) and n.expiry for n in nodes)
 
 
 def watermark_of(nodes: list, bindings: dict) -> int | None:
     """The watermark (µs) of the next batch: min over with_watermark nodes of (largest event
     time seen so far - delay); None until every one has seen a row."""
-    from headrace.pipeline.progress import WM_KEY
-
     marks = watermark_nodes(nodes)
     seen = [bindings.get(f"{WM_KEY}:{n.name}") for n in marks]
     if not seen or any(m is None for m in seen):
@@ -151,8 +143,6 @@ def watermark_of(nodes: list, bindings: dict) -> int | None:
 def event_time_bindings(nodes: list, bindings: dict, seen: dict[str, int]) -> dict[str, int]:
     """Largest event time per watermark node through this batch (for the progress bindings):
     the stored one or this batch's ``seen``, whichever is larger."""
-    from headrace.pipeline.progress import WM_KEY
-
     out = {}
     for n in watermark_nodes(nodes):
         key = f"{WM_KEY}:{n.name}"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headrace.errors import HeadraceError
-from headrace.pipeline.plan import (
+from headrace.pipeline.errors import GraphChanged
+from headrace.pipeline.plan.nodes import (
     Map,
     Node,
     Operator,
@@ -34,13 +34,9 @@ from headrace.pipeline.plan import (
     node_digests,
     upstream,
 )
-from headrace.pipeline.progress import GRAPH_KEY, WM_KEY, StoredGraph, stored_graph
+from headrace.pipeline.plan.progress import GRAPH_KEY, WM_KEY, StoredGraph, stored_graph
 
 SINK_STARTS = (None, "now", "history")
-
-
-class GraphChanged(HeadraceError, ValueError):
-    """The current graph cannot continue from the stored progress."""
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Operator state: per (operator, side, bucket) a paged LSM of sorted runs in the reservoir.
+"""Operator state: per (operator, side, bucket) a paged LSM of sorted runs in the reservoir
+(lsm, with the task-level view in task), or a local spine backed up (local_backup). Implements
+the state interfaces of operators/kernel.py; imports operators and below.
 
 See docs/pipeline-state.md (design) and docs/formats/pipeline-state.md (bytes).
 """

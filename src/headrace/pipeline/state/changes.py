@@ -18,15 +18,15 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.pipeline.operators.base import replaced_by
+from headrace.pipeline.operators.kernel import replaced_by
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.resolve import concat, markers, sort_rows, split_changes
-from headrace.pipeline.state.zset import (
+from headrace.pipeline.state.rows import (
     binary_keys,
     check_zset,
-    consolidate,
     distinct_sorted_keys,
     empty_zset,
+    sorted_zset,
 )
 
 
@@ -157,7 +157,7 @@ class Changes:
             return self._split_replaced(replacing)
         pending = self.all_pending()
         if not replacing:
-            return empty_zset(), consolidate(pending)
+            return empty_zset(), sorted_zset(pending)
         known = state = None
         if self._probes:
             known = distinct_sorted_keys(pa.concat_arrays(self._probes))
@@ -172,7 +172,7 @@ class Changes:
         rows = concat([r for _, r in self.replaced])
         self.replaced = []
         if not replacing:  # nothing older: the rows are data like the pending ones
-            return empty_zset(), consolidate(concat([rows, *self.pending]))
+            return empty_zset(), sorted_zset(concat([rows, *self.pending]))
         rep, data = self.split(replacing) if self.pending else (empty_zset(), empty_zset())
         gone = keys.filter(pc.invert(pc.is_in(keys, value_set=rows.column("key"))))
         if len(gone):

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from headrace.codec import ByteReader, crc32
 from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
-from headrace.pipeline.state.zset import as_fixed, fixed_width
+from headrace.pipeline.state.rows import as_fixed, fixed_width
 
 _OP_BITS, _SIDE_BITS, _BUCKET_BITS, SEQ_BITS = 9, 2, 16, 36
 MAX_SEQ = (1 << SEQ_BITS) - 1

@@ -72,7 +72,7 @@ from headrace.backup import (
     RestoreManager,
 )
 from headrace.errors import InvalidInput
-from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 from headrace.spine.batch import Batch
 from headrace.spine.circuit import Circuit
 from headrace.spine.errors import StorageLocked

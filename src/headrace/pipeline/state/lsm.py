@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
+from headrace.pipeline.operators.kernel import RangeDeletingState, ReplacingState, ScanningState
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.cache import PAGES
 from headrace.pipeline.state.changes import Changes
@@ -47,16 +48,16 @@ from headrace.pipeline.state.pages import (
 )
 from headrace.pipeline.state.resolve import concat as _concat
 from headrace.pipeline.state.resolve import live, merge_rows, sort_rows
-from headrace.pipeline.state.views import RunView
-from headrace.pipeline.state.zset import (
+from headrace.pipeline.state.rows import (
     as_fixed,
     binary_keys,
-    consolidate,
     distinct_sorted_keys,
     empty_zset,
     fixed_width,
     raw_bytes,
+    sorted_zset,
 )
+from headrace.pipeline.state.views import RunView
 
 _SCAN_CHUNK_BYTES = 256 * 1024
 
@@ -129,7 +130,7 @@ class _Run:
     table: pa.Table | None = None
 
 
-class BucketLSM:
+class BucketLSM(ReplacingState, ScanningState, RangeDeletingState):
     """The StateSpine of one (operator, side, bucket) as of the reader's state version."""
 
     def __init__(self, reader, op: int, side: int, bucket: int,
@@ -267,7 +268,7 @@ class BucketLSM:
         probe = distinct_sorted_keys(keys)
         found = self._changes.drop_deleted(live(self.pages_for(probe), self.kinds, probe))
         self._changes.record(probe, found)
-        return consolidate(_concat([found, *self._changes.pending_of(probe)]))
+        return sorted_zset(_concat([found, *self._changes.pending_of(probe)]))
 
     def scan(self, lo: bytes | None = None, hi: bytes | None = None) -> Iterator[pa.Table]:
         """The bucket's keys in [lo, hi) (default: all) in key order, as consolidated
@@ -302,7 +303,7 @@ class BucketLSM:
                     pos.append(p)
             pieces = [(t, p, False) for t, p in zip(tables, pos, strict=True)]
             found = self._changes.drop_deleted(live(pieces, self.kinds, None))
-            out = consolidate(_concat([found, _in_range(pending, lo, hi)]))
+            out = sorted_zset(_concat([found, _in_range(pending, lo, hi)]))
             if out.num_rows:
                 yield out
 
@@ -313,7 +314,7 @@ class BucketLSM:
         self._changes.insert(updates)
 
     def replace_rows(self, keys, rows: pa.Table) -> None:
-        """The complete rows of ``keys`` are now ``rows`` (operators.base.replace_rows)."""
+        """The complete rows of ``keys`` are now ``rows`` (operators.kernel.replace_rows)."""
         self._check_open()
         self._changes.replace(keys, rows, self.lookup_many)
 

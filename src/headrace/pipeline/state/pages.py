@@ -19,9 +19,9 @@ import zstandard
 
 from headrace.codec import crc32, zstd_decompress
 from headrace.errors import ChecksumMismatch, FormatError, InvalidInput
-from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 from headrace.pipeline.state.layout import Fences, page_name
-from headrace.pipeline.state.zset import ROW_OVERHEAD
+from headrace.pipeline.state.rows import ROW_OVERHEAD
 
 PAGE_MAGIC = b"HRLP"
 PAGE_VERSION = 1

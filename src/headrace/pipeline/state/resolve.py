@@ -14,14 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.pipeline.operators.base import ZSET_SCHEMA
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 from headrace.pipeline.state.layout import KIND_REPLACE
-from headrace.pipeline.state.zset import (
-    consolidate,
-    distinct_sorted_keys,
-    empty_zset,
-    key_ids,
-)
+from headrace.pipeline.state.rows import distinct_sorted_keys, empty_zset, key_ids, sorted_zset
 
 
 def concat(parts: list) -> pa.Table:
@@ -104,7 +99,7 @@ def split_changes(pending: pa.Table, known: pa.Array | None, state_rows: pa.Tabl
     changes as data rows, so a replacing run never rewrites more than the changes it replaces.
     The choice counts rows (not bytes, not order), so a retried task makes the same one."""
     if known is None and forced is None:
-        return empty_zset(), consolidate(pending)
+        return empty_zset(), sorted_zset(pending)
     n_state = state_rows.num_rows
     keys = pa.concat_arrays([state_rows.column("key").combine_chunks().cast(pa.binary()),
                              pending.column("key").combine_chunks().cast(pa.binary())])
@@ -123,9 +118,9 @@ def split_changes(pending: pa.Table, known: pa.Array | None, state_rows: pa.Tabl
             zero_copy_only=False), bool)
         chosen |= is_forced
     rows_chosen = chosen[ids]
-    rep = consolidate(concat([state_rows.filter(pa.array(rows_chosen[:n_state])),
+    rep = sorted_zset(concat([state_rows.filter(pa.array(rows_chosen[:n_state])),
                               pending.filter(pa.array(rows_chosen[n_state:]))]))
-    data = consolidate(pending.filter(pa.array(~rows_chosen[n_state:])))
+    data = sorted_zset(pending.filter(pa.array(~rows_chosen[n_state:])))
     # a marker for each replaced key left without rows that may have older ones
     need = uniq.filter(pa.array(chosen & ((n_old > 0) | is_forced)))
     if forced is not None:
@@ -144,7 +139,7 @@ def merge_rows(t: pa.Table, rpos: np.ndarray, replacing: np.ndarray,
     keys some replacing run of the group held stay replacing (with a marker if no row of
     theirs is left), so rows of those keys in older runs stay dead."""
     live, _ = resolve(t, rpos, replacing)
-    data = consolidate(live)
+    data = sorted_zset(live)
     if oldest or not replacing.any():
         return data, empty_zset()
     killers = distinct_sorted_keys(t.column("key").filter(pa.array(replacing)).combine_chunks())

@@ -1,4 +1,5 @@
-"""Z-set tables of the state: checking what callers hand in, and consolidation."""
+"""Z-set tables of the state: checking what callers hand in, sorted consolidation, key ids and
+sizes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.operators.base import ZSET_SCHEMA
-from headrace.spine.batch import consolidate as spine_consolidate
+from headrace.pipeline.operators.kernel import ZSET_SCHEMA
+from headrace.zset import consolidate
 
 #: bytes a row counts for in run sizes (tiering) and write amplification: key, val, weight
 #: and the two offsets a page stores for it
@@ -58,13 +59,13 @@ def check_zset(table: pa.Table, what: str = "updates") -> pa.Table:
     return pa.Table.from_arrays(cols, schema=ZSET_SCHEMA)
 
 
-def consolidate(table: pa.Table) -> pa.Table:
-    """Sort by (key, val), sum the weights of equal (key, val), drop zero sums; one chunk per
-    column. Deterministic whatever the input order, so retried tasks write the same bytes.
-    (The spine's consolidation, typed as ZSET_SCHEMA.)"""
+def sorted_zset(table: pa.Table) -> pa.Table:
+    """``table`` consolidated in key order (headrace.zset.consolidate, sorted by (key, val)), as
+    ZSET_SCHEMA, one chunk per column. Deterministic whatever the input order, so retried tasks
+    write the same bytes."""
     if table.num_rows == 0:
         return empty_zset()
-    out = spine_consolidate(table)
+    out = consolidate(table, sort=True)
     return out if out.schema == ZSET_SCHEMA else out.cast(ZSET_SCHEMA)
 
 

@@ -20,15 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import FormatError
+from headrace.pipeline.operators.kernel import RangeDeletingState, ReplacingState
 from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.lsm import BucketLSM, WriteStats
 from headrace.pipeline.state.resolve import concat, live
-from headrace.pipeline.state.zset import (
-    binary_keys,
-    consolidate,
-    distinct_sorted_keys,
-    empty_zset,
-)
+from headrace.pipeline.state.rows import binary_keys, distinct_sorted_keys, empty_zset, sorted_zset
 
 
 class Router:
@@ -74,7 +70,7 @@ def binary_keys_or_nulls(keys) -> pa.Array:
     return keys if keys.type == pa.binary() else keys.cast(pa.binary())
 
 
-class TaskState:
+class TaskState(ReplacingState, RangeDeletingState):
     """StateSpine over ``lsms`` (bucket -> BucketLSM of one operator side)."""
 
     def __init__(self, lsms: dict[int, BucketLSM], router: Router | None):
@@ -104,13 +100,13 @@ class TaskState:
             kinds += lsm.kinds
         found = self._changes.drop_deleted(live(pieces, kinds, probe))
         self._changes.record(probe, found)
-        return consolidate(concat([found, *self._changes.pending_of(probe)]))
+        return sorted_zset(concat([found, *self._changes.pending_of(probe)]))
 
     def insert_updates(self, updates: pa.Table) -> None:
         self._changes.insert(updates)
 
     def replace_rows(self, keys, rows: pa.Table) -> None:
-        """The complete rows of ``keys`` are now ``rows`` (operators.base.replace_rows)."""
+        """The complete rows of ``keys`` are now ``rows`` (operators.kernel.replace_rows)."""
         self._changes.replace(keys, rows, self.lookup_many)
 
     def delete_keys(self, keys) -> None:

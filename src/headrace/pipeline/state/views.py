@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.pipeline.state.resolve import concat
-from headrace.pipeline.state.zset import as_fixed, empty_zset, fixed_width
+from headrace.pipeline.state.rows import as_fixed, empty_zset, fixed_width
 
 
 def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
