@@ -36,6 +36,7 @@ bench-quick: $(STAMP) bytecode
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

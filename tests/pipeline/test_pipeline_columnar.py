@@ -157,7 +157,7 @@ def _crash_at_checkpoint(spark, root, ckpt, at: int):
 def test_an_interrupted_columnar_batch_runs_as_the_direct_job_and_json_falls_back(spark,
                                                                                    tmp_path):
     """A restart runs the interrupted batch of a one-operator pipeline as the direct job
-    (direct.py: each task reads the range, buckets rows by our xxhash64) when the range is
+    (driver/direct_job.py: each task reads the range, buckets rows by our xxhash64) when the range is
     columnar only: its keys (long, string, double with -0.0/NaN, NULLs) meet the state the
     static plan bucketed with Spark's xxhash64, so the shard equals Spark batch SQL. A range
     with a JSON entry (and another table's rows) runs on the static plan instead."""

@@ -1,4 +1,4 @@
-"""The static plan (static.py): a one-table pipeline is planned once, its batches' parameters
+"""The static plan (driver/static_plan.py): a one-table pipeline is planned once, its batches' parameters
 reach the tasks through a Spark local property, and the tasks keep only the batch's range."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""headrace.pipeline.sparkhash against Spark's own xxhash64: the bucket of every value a key
-may hold must be the one Spark's plan computes, or a restart's direct batch (direct.py) would
+"""headrace.pipeline.encoding.sparkhash against Spark's own xxhash64: the bucket of every value a key
+may hold must be the one Spark's plan computes, or a restart's direct batch (driver/direct_job.py) would
 put a key in another bucket than its state."""
 
 from __future__ import annotations

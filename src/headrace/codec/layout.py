@@ -71,7 +71,7 @@ class ByteReader:
         self.pos += n
         return out
 
-    def array(self, dtype: str, count: int, what: str = "array") -> np.ndarray:
+    def array(self, dtype: str | np.dtype, count: int, what: str = "array") -> np.ndarray:
         """The next ``count`` little-endian values of ``dtype`` (e.g. '<u4') as a read-only view."""
         dt = np.dtype(dtype)
         if count < 0:

@@ -1,7 +1,7 @@
 """The pipeline's oracle harness: run a query as a stream and as Spark batch SQL, compare.
 
 ``stream_result`` writes rows as queue entries (in waves: one or more micro-batches each),
-runs a :class:`~headrace.pipeline.runner.Pipeline` built by the caller's function and returns
+runs a :class:`~headrace.pipeline.api.pipeline.Pipeline` built by the caller's function and returns
 the output shard's consolidated rows; ``batch_result`` runs the caller's PySpark DataFrame
 function over the same (net) rows; ``rows_equal`` compares them as multisets, value for value
 (NULL, -0.0 and NaN are told apart as Spark tells them apart in output).

@@ -221,7 +221,7 @@ class PipelineBuilder:
         ``time_columns=(lt, rt)`` and ``within=(lower, upper)``: an interval join (any
         ``how``), a pair matches only when rt is in [lt + lower, lt + upper]. Keys that are
         event time on both sides (or lt and rt) let the join drop late rows and delete state
-        (eventtime.py); an interval join of two watermarked columns may feed an append sink."""
+        (plan/eventtime.py); an interval join of two watermarked columns may feed an append sink."""
         left, right = _node(left), _node(right)
         lk = list(on if on is not None else left_on or [])
         rk = list(on if on is not None else right_on or [])
@@ -273,11 +273,11 @@ class PipelineBuilder:
     def write_shard(self, node, shard: str, mode: str = "update",
                     start: str | None = None) -> None:
         """The node's changes go to persist shard ``shard`` at each batch's time. ``start``
-        matters for a sink added to a pipeline that has run (evolve.py): it starts from now;
+        matters for a sink added to a pipeline that has run (plan/evolve.py): it starts from now;
         behind an operator with state from before, only ``start="now"`` accepts that the shard
         then gets that operator's changes from now, not its current result.
         ``start="history"``: the sink, and the new operators it reads, first replay the
-        consumed batches the queues still hold (``Pipeline(retain_batches=N)``; history.py)."""
+        consumed batches the queues still hold (``Pipeline(retain_batches=N)``; driver/history.py)."""
         node = _node(node)
         self._check_inputs([node])
         if mode not in SINK_MODES:
@@ -325,5 +325,5 @@ class PipelineBuilder:
     @property
     def fingerprint(self) -> str:
         """The whole graph, buckets and backend in one digest: still committed, and the only
-        marker of progress written before per-part digests (evolve.py)."""
+        marker of progress written before per-part digests (plan/evolve.py)."""
         return fingerprint(self.nodes, self.sinks, self.buckets, self.state_backend)

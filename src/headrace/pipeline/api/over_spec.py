@@ -1,7 +1,7 @@
 """PySpark window-function Columns (``F.row_number().over(w)``) -> the ``over`` kernel's
 parameters, through Spark's analyser.
 
-As for aggregates (aggspec.py), a Column's text is not trusted: the column is added to an empty
+As for aggregates (agg_spec.py), a Column's text is not trusted: the column is added to an empty
 DataFrame with ``withColumn`` and the analysed plan's ``Window`` node is read — the function,
 its argument, the frame, the PARTITION BY and ORDER BY columns with their directions and NULL
 placement. Built: row_number, rank, dense_rank, ntile(n), percent_rank, cume_dist;

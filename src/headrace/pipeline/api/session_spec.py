@@ -1,7 +1,7 @@
 """``F.session_window(time, gap)`` as a group key -> the session kernel's time column, gap and
 output name, through Spark's analyser.
 
-As for aggregates (aggspec.py) a Column's text is not trusted: the grouping is analysed on an
+As for aggregates (agg_spec.py) a Column's text is not trusted: the grouping is analysed on an
 empty DataFrame, where Spark rewrites the session window into a projection
 ``named_struct(start, <time>, end, <time> + cast(<gap> as interval))`` marked as a session
 window (metadata ``spark.sessionWindow``). The time column and the gap are read from it; what

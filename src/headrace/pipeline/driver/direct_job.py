@@ -1,6 +1,6 @@
 """The batch a crash interrupted, as one stage of Python tasks: no Catalyst plan, no shuffle.
 
-Why: a restart's first batch runs in a cold JVM, and on the static plan (static.py) the driver
+Why: a restart's first batch runs in a cold JVM, and on the static plan (static_plan.py) the driver
 spends ~3.5 s planning it — the range read, the decoder's projection, the shuffle — before any
 task starts; the restart is CPU-bound, so that planning is time lost (docs/pipeline.md,
 "Spark's checkpoint"). The recorded queue range is small and known, so each task can read all
@@ -20,7 +20,7 @@ queue batch, as the static plan's first stage pays, and no shuffle.
 
 Shape: the static plan's, with a single operator reading its table(s) directly (no stateless
 steps: they are Spark expressions), every key column of a type sparkhash hashes. The range
-must hold columnar entries only (pipeline/columnar.py): JSON is parsed by Spark's ``from_json``,
+must hold columnar entries only (encoding/columnar.py): JSON is parsed by Spark's ``from_json``,
 whose semantics this path does not reproduce. A task that meets any other entry (JSON, one that
 does not decode, a weight of 0 — all of them handled by the decoder's checks) writes nothing and
 says so; the driver then runs the static plan over the range as before. ``HEADRACE_DIRECT_RESTART=0``

@@ -1,6 +1,6 @@
 """New parts that start from the queue's retained history (``write_shard(start="history")``).
 
-A sink added to a pipeline that has run starts from now by default (evolve.py). With
+A sink added to a pipeline that has run starts from now by default (plan/evolve.py). With
 ``start="history"`` it, and the new operators it reads, are first computed over the queue
 batches the pipeline has consumed and its queues still hold. ``Pipeline(retain_batches=N)``
 keeps the newest N consumed queue batches in each queue (the queue source does not dequeue
@@ -9,7 +9,7 @@ them); without it, or past it, there is no history to replay, and a warning says
 The *history batch*, at time t = upper(progress), run by ``recover`` before the next
 micro-batch:
 
-1. the graph checks (evolve.py, at reconcile): every operator with state that a history sink
+1. the graph checks (plan/evolve.py, at reconcile): every operator with state that a history sink
    reads is new (one with state from before has no history of its own to start from), and any
    other new sink reading such an operator says ``start="now"`` or ``"history"``. A bucket
    change in the same restart is refused (rescale.py): restart once with the old count first;
@@ -25,9 +25,9 @@ micro-batch:
 
 A crash before 4 leaves the parts new: the restart redoes the history batch. A crash after 4
 leaves some shard at t: ``recover`` finds the markers in the bindings of t and recomputes the
-history sinks' output from the recorded range over state v(t-1), state not written (``replay``);
-other shards get empty links. The range stays readable: nothing is dequeued until a later
-micro-batch commits.
+history sinks' output from the recorded range over state v(t-1), state not written
+(restart.replay_batch); other shards get empty links. The range stays readable: nothing is
+dequeued until a later micro-batch commits.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Rescaling: a restart with another ``buckets`` re-buckets the stored state once, then runs on.
 
 State lives per (operator, side, bucket), the bucket being ``pmod(xxhash64(key columns),
-buckets)`` (job.bucket_expr). A pipeline restarted with ``buckets=N`` whose state has M buckets
-(the progress shard's layout digest, evolve.py) runs, after ``recover`` has replayed any
+buckets)`` (driver/job.bucket_expr). A pipeline restarted with ``buckets=N`` whose state has M buckets
+(the progress shard's layout digest, plan/evolve.py) runs, after ``recover`` has replayed any
 interrupted batch with the old layout, one Spark job:
 
 1. per old (operator, side, bucket) a task scans the bucket's LSM at the committed state version

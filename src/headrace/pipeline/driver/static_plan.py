@@ -5,8 +5,8 @@ builds a new plan in each micro-batch — ~236 round trips for a group-by, about
 function (docs/pipeline.md, "Where a steady batch's time goes"). Spark's own streaming query plans
 in the JVM. Here the plan is built once, on the streaming DataFrame, before the query starts:
 
-    entries → parse (decode.py) → one row per entry: SIDE (which table the first operator reads
-    it as), SEQ, the entry if bad, the tables' columns + W → BUCKET → repartition → first
+    entries → parse (exec/decode.py) → one row per entry: SIDE (which table the first operator
+    reads it as), SEQ, the entry if bad, the tables' columns + W → BUCKET → repartition → first
     operator (entries_task) → [BUCKET → repartition → next operator (chained_task)]*
 
 and each batch's parameters — every operator's StageSpec (time, sinks, writer ids), the state's
@@ -18,14 +18,7 @@ tasks echo the batch's run prefix and ``check`` refuses a batch any task of whic
 parameters, before anything is committed. The driver's share of a batch is one collect and the
 commit.
 
-The first operator's task does what the per-batch job does in two branches: it keeps the
-entries in the range (a restarted query may re-deliver entries already processed), counts them,
-describes the bad ones (as exec/decode.entries_task; no entry is dropped without a trace), and runs
-the kernel over the rows its tables keep (tasks.run_stage_partition). Bad entries and entries of
-other tables travel with the others (their bucket is the hash of NULL keys), so no second branch
-reads the entries again. Each later operator's task runs its kernel over the data rows of the
-one before and passes that stage's control rows on, so they all reach the last stage's collect
-and nothing is persisted.
+What each task does is in exec/static_tasks.py.
 
 Shape (``static_shape``): one queue; a chain of operators, the first reading one table or two
 different tables (a join), or one table through stateless steps (no watermark or window step:
@@ -33,10 +26,10 @@ behind them the entries check runs in ``checked_task`` and reports through an ac
 since a step may drop any row), each later one reading only the one before, each but the last
 read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
 shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
-before the query starts (or, with one operator, as direct_job.py's job). Every other pipeline, and every recovery replay or history batch, runs
-the per-batch job.
+before the query starts (or, with one operator, as direct_job.py's job). Every other pipeline,
+and every recovery replay or history batch, runs the per-batch job (job.py).
 
-The driver's side is here: the shape, the plan, each batch's parameters (set ahead) and its
+The driver's side is here (the tasks are exec/static_tasks.py): the shape, the plan, each batch's parameters (set ahead) and its
 commit. ``commit`` checks that what was prepared is this batch's (time, state version, queue
 position), refreshes the writers' leases the tasks upload under, collects the control rows
 (plus, behind stateless steps, what the entries checks counted aside), refuses them if any task

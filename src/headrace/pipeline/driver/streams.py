@@ -2,7 +2,7 @@
 
 Ingest, then process. A side Spark query (its own checkpoint, ``foreachBatch``) copies each
 micro-batch of ``df`` into the internal queue ``<pipeline>.stream.<name>`` as columnar queue
-entries of table ``name`` (columnar.py: Arrow record batches of the stream's rows, so neither
+entries of table ``name`` (encoding/columnar.py: Arrow record batches of the stream's rows, so neither
 side parses text); the pipeline reads that queue like any other, so its recovery, offsets,
 dead-letter shard and exactly-once apply unchanged.
 

@@ -2,7 +2,7 @@
 
 ``Pipeline.run`` recovers, then hands over here: each run is a Structured Streaming query over
 every queue (``headrace.queue`` sources, unioned and tagged with their queue) whose
-``foreachBatch`` is the pipeline's micro-batch (runner.py). ``until_idle``: availableNow runs
+``foreachBatch`` is the pipeline's micro-batch (batch.py). ``until_idle``: availableNow runs
 until no queue holds an entry past the ones consumed (read from the queues' manifests, not
 learnt from one more query that finds nothing); else one processingTime query until stopped or
 timed out, the ``read_stream`` side queries beside it. Spark's own account of each batch is kept in
@@ -68,7 +68,7 @@ def run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, proce
         return _run_queries(d, until_idle=until_idle, max_runs=max_runs,
                             processing_time=processing_time, timeout_s=timeout_s)
     finally:
-        static_plan.clear(d.spark)  # the static plan's parameters (static.prepare), set on this thread
+        static_plan.clear(d.spark)  # the static plan's (static_plan.prepare), set on this thread
 
 
 def _run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, processing_time: str | None,
@@ -81,7 +81,7 @@ def _run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, proc
         before = d.metrics["batches"]
         stream, process = input_stream(d), d.process
         ops = static_plan.shape_of(d) if d.static_plan else None
-        if ops is not None:  # planned once for the whole query (static.py)
+        if ops is not None:  # planned once for the whole query (static_plan.py)
             stream, process = static_plan.build(d, ops, stream), _static_process(d)
             static_plan.prepare_next(d)  # the query's thread inherits it
         writer = (stream.writeStream.foreachBatch(process)

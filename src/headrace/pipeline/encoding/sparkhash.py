@@ -1,8 +1,8 @@
 """Spark SQL's ``xxhash64`` over Arrow columns, in numpy: the state bucket of a row without Spark.
 
-Why: a row's state bucket is ``pmod(xxhash64(key columns), buckets)`` (job.bucket_expr),
+Why: a row's state bucket is ``pmod(xxhash64(key columns), buckets)`` (driver/job.bucket_expr),
 computed by Spark in every batch's plan. The batch a crash interrupted can run as one stage of
-Python tasks that read the queue themselves (direct.py); they must put each row in the bucket
+Python tasks that read the queue themselves (the direct job: driver/direct_job.py); they must put each row in the bucket
 Spark would have, or a key would meet the wrong state. Spark's XxHash64 hashes each non-NULL
 value with the running hash as its seed (42 first; a NULL leaves the seed as it is):
 
@@ -59,7 +59,7 @@ def xxhash64(columns: list[pa.Array | pa.ChunkedArray], n: int) -> np.ndarray:
 
 
 def buckets(columns: list[pa.Array | pa.ChunkedArray], n: int, count: int) -> np.ndarray:
-    """``pmod(xxhash64(columns), count)`` as int32 — job.bucket_expr; no column: bucket 0."""
+    """``pmod(xxhash64(columns), count)`` as int32 — driver/job.bucket_expr; no column: bucket 0."""
     if not columns:
         return np.zeros(n, np.int32)
     return np.mod(xxhash64(columns, n), count).astype(np.int32)

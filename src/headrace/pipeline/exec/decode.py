@@ -143,7 +143,7 @@ class Decoder:
         return entries_df.select(*self._parsed)
 
     def tagged(self, parsed_df, reads: list[SourceTable], side: str, sequence: str, bad: str):
-        """Every entry as one row (the static plan, static.py): ``side`` = the index in ``reads``
+        """Every entry as one row (the static plan, driver/static_plan.py): ``side`` = the index in ``reads``
         of the table that keeps it (NULL: none of them); ``sequence``: its queue sequence;
         ``bad`` + each of ENTRY_COLUMNS: the entry if it is bad, else NULL; then the columns of
         the tables read (a name several tables have is one column) and W."""

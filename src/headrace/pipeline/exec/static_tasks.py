@@ -3,8 +3,8 @@ parameters from the Spark local property ``headrace.batch``, which the driver se
 
 The first operator's task does what the per-batch job does in two branches: it keeps the
 entries in the range (a restarted query may re-deliver entries already processed), counts them,
-describes the bad ones (as decode.entries_task; no entry is dropped without a trace), and runs
-the kernel over the rows its tables keep (tasks.run_stage_partition). Bad entries and entries of
+describes the bad ones (as decode.entries_task; no entry is dropped without a trace), and
+runs the kernel over the rows its tables keep (tasks.run_stage_partition). Bad entries and entries of
 other tables travel with the others (their bucket is the hash of NULL keys), so no second branch
 reads the entries again. Each later operator's task runs its kernel over the data rows of the
 one before and passes that stage's control rows on, so they all reach the last stage's collect

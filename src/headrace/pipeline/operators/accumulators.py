@@ -57,6 +57,7 @@ def update(kind: str, j: int, n_limbs: int, col: pa.Array | None, valid: np.ndar
         for i, limb in enumerate(s):
             new[f"{j}s{i}"] = limb
     elif kind in ("sum_double", "avg"):
+        assert col is not None, "a sum reads a column"
         v = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.float64)
         for name, hit in (("pinf", v == np.inf), ("ninf", v == -np.inf), ("nan", np.isnan(v))):
             olds[f"{j}{name}"] = old_int(f"{j}{name}")

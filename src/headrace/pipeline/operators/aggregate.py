@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,7 @@ from headrace.pipeline.operators.kernel import (
     StateSpine,
     delete_below,
     replace_rows,
+    scanning,
     tagged_offsets,
 )
 from headrace.pipeline.operators.multisets import distinct_steps, extreme
@@ -58,7 +60,7 @@ from headrace.pipeline.operators.multisets import distinct_steps, extreme
 FUNCS = ("count", "sum", "avg", "min", "max", "count_distinct", "sum_distinct",
          "avg_distinct")
 ACC, MULTISET, DISTINCT = b"\x00", b"\x01", b"\x02"
-NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (keys.py)
+NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (encoding/rowkeys.py)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,12 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         kind = "sum_double" if func == "sum" else "avg"
         return kind, accumulators.fields(kind, j, 0), pa.float64()
 
+    @property
+    def _group(self) -> keys.RowCodec:
+        """The group key's codec (only an aggregate with ``by`` has one)."""
+        assert self.group_codec is not None, "a global aggregate has no group key"
+        return self.group_codec
+
     def key_layout(self, side: int) -> KeyLayout:
         """ACC g | MULTISET j j g | DISTINCT j j g v: the group key after the section tag."""
         return self.group_codec, tagged_offsets({0: 1, 1: 3, 2: 3}, "aggregate")
@@ -173,7 +181,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         aligned with that input's rows): a task-wide state routes each key to its row's
         bucket, so one ``apply`` serves all of a task's buckets."""
         delta = deltas[0]
-        g = (self.group_codec.encode(delta) if self.by
+        g = (self._group.encode(delta) if self.by
              else pa.array([b""] * delta.num_rows, pa.binary()))
         out = [(0, keys.concat_binary(ACC, g))]
         for j, kind in enumerate(self.kinds):
@@ -185,7 +193,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
                                                   self._distinct_codecs[j].encode(delta))))
         return out
 
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         n_rows = delta.num_rows
         if self.by and n_rows == 0:
@@ -193,7 +201,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         w = weights(delta)
         exactsum.check_weights(w, "aggregate")
         if self.by:
-            gkeys, gid = dense_ids(self.group_codec.encode(delta))
+            gkeys, gid = dense_ids(self._group.encode(delta))
         else:
             gkeys, gid = pa.array([b""], pa.binary()), np.zeros(n_rows, np.int64)
         g = len(gkeys)
@@ -223,8 +231,8 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             limbs[oid] = exactsum.unpack(old_acc[name])
             return limbs
 
-        new: dict[str, object] = {"n": old_int("n") + group_sum(gid, w, g)}
-        olds: dict[str, object] = {"n": old_int("n")}
+        new: dict[str, Any] = {"n": old_int("n") + group_sum(gid, w, g)}
+        olds: dict[str, Any] = {"n": old_int("n")}
         updates: list[pa.Table] = []
         for j, (a, kind) in enumerate(zip(self.aggs, self.kinds, strict=True)):
             if kind == "count_star":
@@ -264,7 +272,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             vis_old = has_old
         self._check_overflow(new, changed & vis_new, gkeys)
 
-        groups = self.group_codec.decode(gkeys).columns if self.by else []  # decoded once
+        groups = self._group.decode(gkeys).columns if self.by else []  # decoded once
         out_old = self._outputs(olds, gkeys, groups)
         out_new = self._outputs(new, gkeys, groups)
         same = np.asarray(pc.equal(self.out_codec.encode(out_old),
@@ -293,7 +301,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
-    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         """Event time: drop every group whose encoded group key sorts below ``below`` (its
         first group column is a window the watermark has closed) with its min/max multisets
         and distinct values — one deleted key range per state section, read not at all — and
@@ -305,7 +313,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         # from the first non-NULL key: a NULL event time is never final (never late either)
         t = None
         if emit:
-            found = list(state.scan(ACC + NOT_NULL, ACC + below))
+            found = list(scanning(state).scan(ACC + NOT_NULL, ACC + below))
             t = pa.concat_tables(found).combine_chunks() if found else None
         delete_below(state, ACC + below, ACC + NOT_NULL)
         for j, kind in enumerate(self.kinds):
@@ -318,7 +326,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             return self._empty()
         gkeys = as_array(pc.binary_slice(t["key"], 1, 1 << 30))  # stop: Arrow needs one
         decoded = self.acc_codec.decode(t["val"])
-        acc: dict[str, object] = {}
+        acc: dict[str, Any] = {}
         for f in self.acc_schema:
             col = decoded[f.name]
             if f.name.endswith("limbs"):
@@ -351,7 +359,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
                 acc, j, self.int_limbs[j], t)
             if bad.any():
                 i = int(np.argmax(bad))
-                group = (self.group_codec.decode(gkeys.slice(i, 1)).to_pylist()[0]
+                group = (self._group.decode(gkeys.slice(i, 1)).to_pylist()[0]
                          if self.by else "(global)")
                 raise ArithmeticOverflow(
                     f"{a.sql()} as {a.name!r} overflows {t} in group {group}; "
@@ -360,7 +368,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
 
     def _outputs(self, acc: dict, gkeys: pa.Array, groups: list | None = None) -> pa.Table:
         if groups is None:
-            groups = self.group_codec.decode(gkeys).columns if self.by else []
+            groups = self._group.decode(gkeys).columns if self.by else []
         cols = list(groups)
         for j, kind in enumerate(self.kinds):
             f = self.output_schema.field(len(self.by) + j)

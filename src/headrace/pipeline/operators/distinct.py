@@ -5,6 +5,8 @@ State: key = the normalised row encoding, val empty, w = the row's multiplicity.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 
@@ -43,7 +45,7 @@ class DistinctKernel(Kernel, RoutesKeys, Rebucketable):
         """The state key of each delta row; see AggregateKernel.route_keys."""
         return [(0, self.codec.encode(deltas[0]))]
 
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         empty = pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
         if delta.num_rows == 0:

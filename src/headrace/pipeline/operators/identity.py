@@ -3,10 +3,12 @@ a source table) writes the delta as it comes, with no state and no shuffle."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.kernel import Kernel
+from headrace.pipeline.operators.kernel import Kernel, StateSpine
 
 
 class IdentityKernel(Kernel):
@@ -18,6 +20,6 @@ class IdentityKernel(Kernel):
     def bucket_columns(self, input_index: int) -> list[str]:
         return []
 
-    def apply(self, deltas: list[pa.Table], states: list) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         (delta,) = deltas
         return delta.select([*self.output_schema.names, W])

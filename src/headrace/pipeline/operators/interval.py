@@ -43,7 +43,13 @@ from headrace.pipeline.encoding import rowkeys as keys
 from headrace.pipeline.names import W
 from headrace.pipeline.operators.deltas import as_array, consolidate_rows, group_sum, weights, zset
 from headrace.pipeline.operators.join import JoinKernel, _check_products
-from headrace.pipeline.operators.kernel import ZSET_SCHEMA, KeyLayout, StateSpine, delete_below
+from headrace.pipeline.operators.kernel import (
+    ZSET_SCHEMA,
+    KeyLayout,
+    StateSpine,
+    delete_below,
+    scanning,
+)
 from headrace.zset import consolidate
 
 MAX_BOUND_US = 1 << 60  # far beyond any timestamp span: sums of times and bounds never wrap
@@ -194,7 +200,7 @@ class IntervalJoinKernel(JoinKernel):
         return out
 
     # ---- the step -----------------------------------------------------------------------
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         d = [self._delta(deltas[s], s) for s in (0, 1)]
         parts = [x.alone for x in d if x.alone is not None]
         zl, zr = d[0].z, d[1].z
@@ -218,8 +224,9 @@ class IntervalJoinKernel(JoinKernel):
                 elif d[s].z.num_rows:
                     states[s].insert_updates(d[s].z)
         for s in (0, 1):
-            if d[s].nulls is not None and d[s].nulls.num_rows:
-                states[s].insert_updates(d[s].nulls)
+            nulls = d[s].nulls
+            if nulls is not None and nulls.num_rows:
+                states[s].insert_updates(nulls)
         parts = [p for p in parts if p.num_rows]
         if not parts:
             return self._empty()
@@ -360,7 +367,7 @@ class IntervalJoinKernel(JoinKernel):
         return (self._alone_rows(rows, side, pa.array(out_w[emit])), consolidate(update))
 
     # ---- event time ---------------------------------------------------------------------
-    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         """Delete each side's slots below its bound (``expiry_bounds``): final rows. With
         ``emit`` (append mode) return what they contribute, now final: counted rows alone
         where f(m), and pairs with a row that was not final before."""
@@ -396,7 +403,7 @@ class IntervalJoinKernel(JoinKernel):
         return consolidate_rows(pa.concat_tables(parts), self.out_codec)
 
     def _scan(self, state, bound: bytes, side: int) -> pa.Table:
-        found = list(state.scan(b"", bound))
+        found = list(scanning(state).scan(b"", bound))
         t = pa.concat_tables(found) if found else ZSET_SCHEMA.empty_table()
         return self._entries(t, side)
 

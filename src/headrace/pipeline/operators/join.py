@@ -63,8 +63,8 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         self.using = on is not None
         if self.using == (left_on is not None or right_on is not None):
             raise InvalidInput("a join takes either on=[...] or both left_on and right_on")
-        self.left_on = list(on if self.using else left_on or [])
-        self.right_on = list(on if self.using else right_on or [])
+        self.left_on = list(on) if on is not None else list(left_on or [])
+        self.right_on = list(on) if on is not None else list(right_on or [])
         if not self.left_on or len(self.left_on) != len(self.right_on):
             raise InvalidInput(f"join keys {self.left_on} and {self.right_on} must be non-empty "
                                "and of equal length")
@@ -127,7 +127,7 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             out.append((i, pc.if_else(pa.array(null), pa.scalar(None, enc.type), enc)))
         return out
 
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         dl_rows, dr_rows = deltas
         lstate, rstate = states
         semi = self.how in ("left_semi", "left_anti")
@@ -150,7 +150,7 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
-    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         """Event time: delete both sides' rows whose key sorts below ``below`` — the time key
         leads the key, so these are the keys the watermark closed: one deleted key range per
         side, nothing of it read. The output they produced stays (update mode), outer padding
@@ -227,13 +227,18 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
 
     def _rows(self, lrows: pa.Table | None, rrows: pa.Table | None, w) -> pa.Table:
         """Output rows from matched or one-sided (NULL-padded) left/right rows."""
-        n = (lrows if lrows is not None else rrows).num_rows
+        some = lrows if lrows is not None else rrows
+        if some is None:
+            raise ValueError("join output rows need the rows of one side at least")
+        n = some.num_rows
         cols = []
         for f, (side, name) in zip(self.output_schema, self.sources, strict=True):
             if side == "key":
                 i = self.left_on.index(name)
-                if self.how == "right" or lrows is None:
+                if rrows is not None and (self.how == "right" or lrows is None):
                     cols.append(rrows[self.right_on[i]])
+                elif lrows is None:
+                    raise ValueError("a right join's output needs its right rows")
                 else:
                     cols.append(lrows[name])
             else:

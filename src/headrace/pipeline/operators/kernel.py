@@ -11,8 +11,8 @@ the engine asks with ``isinstance``: ``RoutesKeys`` (name the state keys of a de
 applying it: one call for all of a task's buckets), ``Expires`` (event time: drop the keys a
 watermark closed), ``Rebucketable`` (say where its state keys hold the bucket columns: the
 state can be re-bucketed). States likewise: ``ReplacingState`` (store a key's complete rows as
-they are), ``ScanningState`` (read and delete keys by range), ``RangeDeletingState`` (drop a
-key range unread).
+they are), ``ScanningState`` (read keys by range), ``KeyDeletingState`` (drop keys),
+``RangeDeletingState`` (drop a key range unread).
 """
 
 from __future__ import annotations
@@ -59,12 +59,17 @@ class ReplacingState(Protocol):
 
 @runtime_checkable
 class ScanningState(StateSpine, Protocol):
-    """A state whose keys can be read and dropped by range: what event-time kernels need."""
+    """A state whose keys can be read by range: what event-time kernels need."""
 
     def scan(self, lo: bytes | None = None, hi: bytes | None = None) -> Iterator[pa.Table]:
         """The keys in [lo, hi) (default: all) in key order, as consolidated ZSET_SCHEMA
         tables."""
         ...
+
+
+@runtime_checkable
+class KeyDeletingState(Protocol):
+    """A state that drops keys whatever their rows."""
 
     def delete_keys(self, keys: pa.Array) -> None:
         """Drop every row of ``keys`` (all values, whatever their weights)."""
@@ -100,8 +105,8 @@ def replaced_by(current: pa.Table, new: pa.Table) -> pa.Table:
 def scanning(state: StateSpine) -> ScanningState:
     """``state`` as a ScanningState (event-time kernels run only on states that scan)."""
     if not isinstance(state, ScanningState):
-        raise TypeError(f"a {type(state).__name__} cannot scan or delete keys by range: "
-                        "event-time state needs one that can")
+        raise TypeError(f"a {type(state).__name__} cannot scan keys by range: event-time "
+                        "state needs one that can")
     return state
 
 
@@ -111,10 +116,11 @@ def delete_below(state: StateSpine, bound: bytes, start: bytes = b"") -> None:
     if isinstance(state, RangeDeletingState):
         state.delete_range(start, bound)
         return
-    st = scanning(state)
-    found = [_as_array(t["key"]) for t in st.scan(start, bound)]
+    if not isinstance(state, KeyDeletingState):
+        raise TypeError(f"a {type(state).__name__} can delete neither a key range nor keys")
+    found = [_as_array(t["key"]) for t in scanning(state).scan(start, bound)]
     if found:
-        st.delete_keys(pa.concat_arrays(found))
+        state.delete_keys(pa.concat_arrays(found))
 
 
 def _as_array(col) -> pa.Array:

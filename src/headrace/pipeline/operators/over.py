@@ -19,7 +19,7 @@ keys, the row's encoding), positions and peer groups from run boundaries, row co
 integer sums from cumulative sums, double sums as Spark folds them (``0.0 + v1 + v2 ...`` in
 frame order, so the last bits match), min/max by a sparse table over (value rank, first
 position), value-offset frame ends by binary search over (partition, value rank) — see
-frames.py. A RANGE frame's CURRENT ROW bound is the edge of the row's peer group (rows equal on
+window_frames.py. A RANGE frame's CURRENT ROW bound is the edge of the row's peer group (rows equal on
 every order key, NULLs equal); a value offset reaches the rows whose order value lies in
 ``[v + a, v + b]`` (``[v - b, v - a]`` under DESC, as Spark flips it), computed in the column's
 type: an integer bound that leaves the type raises, as Spark's ANSI addExact does (Spark skips
@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +96,7 @@ class WindowFn:
     func: str
     column: str | None
     name: str
-    frame: object = None
+    frame: Any = None
 
     def bounds(self) -> tuple[str, int | float | None, int | float | None]:
         """(kind, lower, upper) of an aggregate's or value function's frame, checked
@@ -296,7 +297,7 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         if delta.num_rows == 0:
             return self._empty()
@@ -406,8 +407,9 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
         where = (f"window function {fn.name!r}: RANGE frame bound over order column "
                  f"{o.column!r}")
         try:
-            targets = tuple(None if b is None else range_targets(col, b, o.descending, where)
-                            for b in (lower, upper))
+            lo_t, hi_t = (None if b is None else range_targets(col, b, o.descending, where)
+                          for b in (lower, upper))
+            targets = (lo_t, hi_t)
         except OverflowError as e:
             raise ArithmeticOverflow(f"{e}; Spark in ANSI mode raises here too "
                                      "(ARITHMETIC_OVERFLOW)") from None
@@ -460,6 +462,7 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
         count = frame_sum(valid.astype(np.int64), lo, hi)
         if fn.func == "count":
             return pa.array(count, pa.int64())
+        assert col is not None, "only count(*) reads no column"
         empty = count == 0
         if fn.func in ("min", "max"):
             return frame_extreme(col, valid, lo, hi, fn.func, empty)

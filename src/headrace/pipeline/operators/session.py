@@ -22,7 +22,7 @@ Two state layouts (one spine), fixed by ``expiring``:
 - without event time (:class:`RoutedSessionKernel`): ``00 key`` -> val = the exact row,
   w = its multiplicity. A batch reads its keys' rows and writes its delta.
 - with event time (:class:`SessionKernel`, ``expiring``): everything is keyed by a time, so the
-  watermark deletes it as key ranges, unread, like the windows' state (eventtime.py):
+  watermark deletes it as key ranges, unread, like the windows' state (plan/eventtime.py):
   ``00 end key`` -> the rows of the open session (key, end); ``01 end key`` -> w 1 per open
   session (the index); ``02 t+gap key`` -> rows of net negative weight. A batch scans the
   index of the bucket's open sessions (one small row each) and the negative rows (normally
@@ -71,12 +71,13 @@ from headrace.pipeline.operators.kernel import (
     RoutesKeys,
     StateSpine,
     delete_below,
+    scanning,
     tagged_offsets,
 )
 from headrace.zset import consolidate
 
 ROWS, ENDS, NEGATIVE = b"\x00", b"\x01", b"\x02"
-NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (keys.py)
+NOT_NULL = b"\x01"  # RowCodec's flag byte before a non-NULL value (encoding/rowkeys.py)
 _START, _END = f"{PREFIX}session_start", f"{PREFIX}session_end"
 _I64_MAX = (1 << 63) - 1
 
@@ -159,7 +160,7 @@ class SessionKernel(Kernel, Expires, Rebucketable):
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
 
     # ---- a micro-batch --------------------------------------------------------------------
-    def apply(self, deltas: list[pa.Table], states: list[StateSpine]) -> pa.Table:
+    def apply(self, deltas: list[pa.Table], states: Sequence[StateSpine]) -> pa.Table:
         delta, state = deltas[0], states[0]
         timed = as_array(delta[self.time]).is_valid() if delta.num_rows else None
         if timed is not None and timed.false_count:  # Spark: NULL time, no session
@@ -238,7 +239,7 @@ class SessionKernel(Kernel, Expires, Rebucketable):
     def _scan_of(self, state, tag: bytes, gkeys: pa.Array) -> pa.Table:
         """The section ``tag``'s rows whose key is in ``gkeys`` (a scan of the whole section:
         it holds open sessions or negative rows only, the rest is deleted)."""
-        found = list(state.scan(tag + NOT_NULL, tag + b"\xff"))
+        found = list(scanning(state).scan(tag + NOT_NULL, tag + b"\xff"))
         if not found:
             return ZSET_SCHEMA.empty_table()
         t = pa.concat_tables(found)
@@ -274,7 +275,7 @@ class SessionKernel(Kernel, Expires, Rebucketable):
         state.insert_updates(consolidate(pa.concat_tables(
             self._state_rows(old, -1) + self._state_rows(new, 1))))
 
-    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         """Delete every session whose encoded end sorts below ``below`` (it ended at or before
         the watermark) — its rows, its index entry — and the negative rows whose own session
         ended (a later insertion to cancel them would be late), as key ranges, unread. With
@@ -285,7 +286,7 @@ class SessionKernel(Kernel, Expires, Rebucketable):
             return self._empty()
         out = self._empty()
         if emit:
-            found = list(state.scan(ENDS + NOT_NULL, ENDS + below))
+            found = list(scanning(state).scan(ENDS + NOT_NULL, ENDS + below))
             if found:
                 index = pa.concat_tables(found)
                 rows = state.lookup_many(keys.concat_binary(ROWS, as_array(pc.binary_slice(
@@ -304,7 +305,7 @@ class RoutedSessionKernel(SessionKernel, RoutesKeys):
     kept by key (``00 key``) and every state key it touches is a delta row's — one apply can
     serve all of a task's buckets (``route_keys``). The event-time layout has no
     ``route_keys``: its keys carry session ends known only once the state is read, so it runs
-    per bucket (tasks.py)."""
+    per bucket (exec/tasks.py)."""
 
     expiring = False
 
@@ -325,6 +326,6 @@ class RoutedSessionKernel(SessionKernel, RoutesKeys):
         state.insert_updates(zset(keys.concat_binary(ROWS, d["key"]), d["val"],
                                   d["w"].to_numpy()))
 
-    def expire(self, states, below: bytes, emit: bool) -> pa.Table:
+    def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         raise InvalidInput("this session window's time column is not event time: nothing "
                            "expires (with_watermark on it first)")

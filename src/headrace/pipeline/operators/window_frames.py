@@ -203,7 +203,8 @@ def range_bounds(col: pa.Array, descending: bool, nulls_first: bool, part: np.nd
         k = sum(t is not None for t in targets[:j])
         tr = np.full(len(x), null_rank, np.int64)
         tr[valid] = rank[nv * (k + 1):nv * (k + 2)]
-        b = np.searchsorted(composite, part.astype(np.int64) * m + tr, side)
+        b = np.searchsorted(composite, part.astype(np.int64) * m + tr,
+                            "left" if side == "left" else "right")
         out.append(np.where(valid, b if side == "left" else b - 1,
                             peer_lo if side == "left" else peer_hi))
     return out[0], out[1]

@@ -13,10 +13,10 @@ upstream lineage (``plan.node_digests``). On restart the current graph is matche
   before it): refused, since its state was computed by another definition.
 
 A layout that differs only in ``buckets`` (same state backend, reservoir) is not refused: the
-evolution names the stored bucket count (``rescale_from``) and the runner re-buckets the state
-once before the next batch (rescale.py). A new sink written with ``start="history"`` (and the
-new operators it reads) starts from the queue's retained history instead (history.py). See
-docs/pipeline.md.
+evolution names the stored bucket count (``rescale_from``) and the driver re-buckets the state
+once before the next batch (driver/rescale.py). A new sink written with ``start="history"``
+(and the new operators it reads) starts from the queue's retained history instead
+(driver/history.py). See docs/pipeline.md.
 """
 
 from __future__ import annotations

@@ -183,5 +183,5 @@ class Changes:
         return (sort_rows(concat(parts)) if parts else empty_zset()), data
 
     def clear(self) -> None:
-        self.__init__()
+        Changes.__init__(self)
 

@@ -98,11 +98,14 @@ class Fences:
         page ranges. ``fixed``: the same keys as S{k} (when they all have k bytes), searched
         in C when the fence keys have k bytes too."""
         n = len(self.firsts)
-        firsts, lasts = self.firsts, self.lasts
-        if self.searches_fixed(fixed):
-            (firsts, lasts), probe = self.fixed, fixed
-        lo = np.searchsorted(lasts, probe, side="left")  # first page with last >= key
-        hi = np.searchsorted(firsts, probe, side="right")  # pages with first <= key
+        if self.fixed is not None and fixed is not None and self.searches_fixed(fixed):
+            (firsts, lasts), keys = self.fixed, fixed
+        elif probe is not None:
+            firsts, lasts, keys = self.firsts, self.lasts, probe
+        else:
+            raise ValueError("pages_holding needs the keys, or a fixed view it can search")
+        lo = np.searchsorted(lasts, keys, side="left")  # first page with last >= key
+        hi = np.searchsorted(firsts, keys, side="right")  # pages with first <= key
         keep = lo < hi
         if not keep.any():
             return np.zeros(0, np.int64)
@@ -209,6 +212,8 @@ class Root:
         inline = [r for r in self.runs if r.inline]
         lens, blobs = [], []
         for r in inline:
+            if r.fences is None:
+                raise ValueError(f"inline run at page {r.first_seq} has no fences")
             ln, blob = r.fences.encode()
             lens.append(ln)
             blobs.append(blob)
@@ -296,7 +301,8 @@ def _read_ranges(r: ByteReader, n: int, next_seq: int, key: str) -> list[Deleted
         raise FormatError(key, keys_at, f"deleted ranges need {need} key bytes, "
                                         f"{r.remaining()} remain")
     blob = bytes(r.take(need, "deleted range keys"))
-    out, pos = [], 0
+    out: list[DeletedRange] = []
+    pos = 0
     for i, (lo_len, hi_len, seq) in enumerate(recs.tolist()):
         lo, hi = blob[pos: pos + lo_len], blob[pos + lo_len: pos + lo_len + hi_len]
         pos += lo_len + hi_len

@@ -17,7 +17,7 @@ A BucketLSM is one task's view as of one state version: build it, look up, inser
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -25,7 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.operators.kernel import RangeDeletingState, ReplacingState, ScanningState
+from headrace.pipeline.operators.kernel import (
+    KeyDeletingState,
+    RangeDeletingState,
+    ReplacingState,
+    ScanningState,
+)
 from headrace.pipeline.state import ranges as deleted_ranges
 from headrace.pipeline.state.cache import PAGES
 from headrace.pipeline.state.changes import Changes
@@ -130,7 +135,7 @@ class _Run:
     table: pa.Table | None = None
 
 
-class BucketLSM(ReplacingState, ScanningState, RangeDeletingState):
+class BucketLSM(ReplacingState, ScanningState, KeyDeletingState, RangeDeletingState):
     """The StateSpine of one (operator, side, bucket) as of the reader's state version."""
 
     def __init__(self, reader, op: int, side: int, bucket: int,
@@ -351,7 +356,7 @@ class BucketLSM(ReplacingState, ScanningState, RangeDeletingState):
         return self.write_delta(writer, rep, data, self._changes.ranges)
 
     def write_delta(self, writer, rep: pa.Table, data: pa.Table,
-                    ranges: list[tuple[bytes, bytes]] = ()) -> WriteStats:
+                    ranges: Sequence[tuple[bytes, bytes]] = ()) -> WriteStats:
         """Write consolidated changes: ``rep`` as a replacing run, ``data`` as a data run (keys
         disjoint, each sorted), ``ranges`` ([lo, hi) key ranges deleted from every older row)
         as deleted ranges, then the pages inside deleted ranges dropped, the merges tiering
@@ -478,10 +483,13 @@ class BucketLSM(ReplacingState, ScanningState, RangeDeletingState):
                 tables.append(r.table)
                 pos.append(p)
                 continue
+            meta = r.meta
+            if meta is None:
+                raise ValueError("a run with neither rows in memory nor pages")
             before = self.pages_read
-            ranges = deleted_ranges.applying(r.meta, self._deleted)
-            for i in range(r.meta.pages):
-                tables.append(deleted_ranges.mask(self._page(r.meta, i, keep=False), ranges))
+            ranges = deleted_ranges.applying(meta, self._deleted)
+            for i in range(meta.pages):
+                tables.append(deleted_ranges.mask(self._page(meta, i, keep=False), ranges))
                 pos.append(p)
             stats.merge_pages_read += self.pages_read - before
         rpos = np.repeat(np.array(pos, np.int64), [t.num_rows for t in tables])

@@ -150,7 +150,7 @@ def _raw_from_planes(t, rows: int, pid: int) -> memoryview:
         else:
             out[at:at + size] = src[at:at + size]
         at += size
-    return memoryview(out)
+    return out.data
 
 
 def _offsets(arr: pa.Array) -> np.ndarray:
@@ -194,6 +194,7 @@ def decode_page(data, *, pid: int, first: bytes | None = None,
     data_at = 16 * rows + 8
     if rows < 1 or data_at > raw_len:
         raise FormatError(page_name(pid), 8, f"{rows} rows do not fit {raw_len} raw bytes")
+    body: bytes | memoryview
     if codec in (CODEC_ZSTD, CODEC_ZSTD_PLANES):
         body = zstd_decompress(view[_HEADER_SIZE:-4], raw_len, key=page_name(pid),
                                offset=_HEADER_SIZE)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import FormatError
-from headrace.pipeline.operators.kernel import RangeDeletingState, ReplacingState
+from headrace.pipeline.operators.kernel import KeyDeletingState, RangeDeletingState, ReplacingState
 from headrace.pipeline.state.changes import Changes
 from headrace.pipeline.state.lsm import BucketLSM, WriteStats
 from headrace.pipeline.state.resolve import concat, live
@@ -70,7 +70,7 @@ def binary_keys_or_nulls(keys) -> pa.Array:
     return keys if keys.type == pa.binary() else keys.cast(pa.binary())
 
 
-class TaskState(ReplacingState, RangeDeletingState):
+class TaskState(ReplacingState, KeyDeletingState, RangeDeletingState):
     """StateSpine over ``lsms`` (bucket -> BucketLSM of one operator side)."""
 
     def __init__(self, lsms: dict[int, BucketLSM], router: Router | None):
@@ -92,7 +92,8 @@ class TaskState(ReplacingState, RangeDeletingState):
             return empty_zset()
         probe = distinct_sorted_keys(keys)
         where = self._buckets(probe)
-        pieces, kinds = [], []
+        pieces: list[tuple] = []
+        kinds: list[int] = []
         for b, sub in _by_bucket_keys(probe, where):
             lsm = self.lsms[b]
             base = len(kinds)  # positions of different buckets never meet: keys differ

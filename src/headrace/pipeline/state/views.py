@@ -55,13 +55,13 @@ class RunView:
         view when all have ``width`` bytes)."""
         if self.keys is None:
             return self.table.filter(pc.is_in(self.table.column("key"), value_set=probe))
-        if width != self.width:  # only keys of the run's length can match
+        if width != self.width or fixed is None:  # only keys of the run's length can match
             probe = probe.filter(pc.equal(pc.binary_length(probe), self.width))
             if len(probe) == 0:
                 return empty_zset()
             fixed = as_fixed(probe, self.width)
         keys, needles = self.keys, fixed
-        if self.ints is not None:
+        if self.ints is not None and self.prefix is not None:
             rows = fixed.view(np.uint8).reshape(-1, self.width)
             cut = len(self.prefix)
             mine = (rows[:, :cut] == self.prefix).all(axis=1)  # others cannot match

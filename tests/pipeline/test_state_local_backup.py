@@ -1,4 +1,4 @@
-"""The local+backup state backend (headrace.spark.local_state), without Spark: round trips on a
+"""The local+backup state backend (pipeline/state/local_backup.py), without Spark: round trips on a
 new host and on the same host (host affinity: no file blob read), incremental uploads, a dict
 model under random commits/reopens/abandoned attempts, SIGKILL between upload and finalize."""
 
