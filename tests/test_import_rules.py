@@ -23,7 +23,7 @@ TOP_LAYERS = [
     {"pipeline"},
     {"persist", "backup", "spine", "buffer"},
     {"reservoir"},  # spine keeps batches in it (ReservoirBatchStore)
-    {"retry", "metrics"},
+    {"retry", "metrics", "zset"},
     {"store", "codec"},
     {"headrace"},
     {"errors"},
