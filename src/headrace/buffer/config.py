@@ -60,6 +60,8 @@ class ProducerConfig:
     data_path_prefix: str = DEFAULT_DATA_PREFIX
     manifest_path: str = DEFAULT_MANIFEST_PATH
     flush_interval_s: float = 0.1
+    # a batch is cut once its entries (+ 4-byte length prefixes) *exceed* this, not at exactly
+    # this size: a loose limit, as RFC 0001 has it (the produce call that crosses it stays whole)
     flush_size_bytes: int = 64 * 1024 * 1024
     max_buffered_inputs: int = 1000
     # "zstd" (level 3): the frame's content checksum catches a damaged batch. "none" is RFC 0001's

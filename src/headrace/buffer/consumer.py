@@ -15,7 +15,8 @@ import threading
 from headrace.buffer.batches import fetch_batch
 from headrace.buffer.config import ConsumerConfig
 from headrace.buffer.gc import GarbageCollector
-from headrace.buffer.queue import QueueConsumer, read_manifest
+from headrace.buffer.manifest_format import read_footer
+from headrace.buffer.queue import QueueConsumer, read_manifest, read_manifest_bytes
 from headrace.buffer.types import (
     ConsumedBatch,
     Fenced,
@@ -85,8 +86,16 @@ class Consumer(PrometheusExport):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def initialize(self, last_acked_sequence: int | None = None) -> None:
-        """Bump the epoch; resume after ``last_acked_sequence`` or at the earliest entry."""
+        """Bump the epoch; resume after ``last_acked_sequence`` or at the earliest entry.
+
+        A ``last_acked_sequence`` the queue never assigned is refused before the epoch moves:
+        only an assigned sequence can have been acked, so such a position belongs to another
+        queue (or a recreated manifest), and resuming there would silently skip the entries
+        producers append up to it.
+        """
         with self._lock:
+            if last_acked_sequence is not None:
+                self._check_resume_position(last_acked_sequence)
             self._queue.initialize()
             manifest = self._queue.snapshot()
             self._note(manifest.entries, manifest.next_sequence)
@@ -94,10 +103,6 @@ class Consumer(PrometheusExport):
                 first = manifest.first_sequence
                 acked = (first if first is not None else manifest.next_sequence) - 1
             else:
-                if (isinstance(last_acked_sequence, bool)
-                        or not isinstance(last_acked_sequence, int) or last_acked_sequence < -1):
-                    raise InvalidInput("last_acked_sequence: must be an integer >= 0 (or None), "
-                                       f"got {last_acked_sequence!r}")
                 acked = last_acked_sequence
                 first = manifest.first_sequence
                 if first is not None and first > acked + 1:
@@ -115,6 +120,21 @@ class Consumer(PrometheusExport):
                     grace_period_s=self.config.gc_grace_period_s,
                     interval_s=self.config.gc_interval_s, clock=self.clock)
                 self.gc.start()
+
+    def _check_resume_position(self, last_acked: object) -> None:
+        if isinstance(last_acked, bool) or not isinstance(last_acked, int) or last_acked < -1:
+            raise InvalidInput("last_acked_sequence: must be an integer >= 0 (or None), "
+                               f"got {last_acked!r}")
+        # unfenced read: next_sequence only grows, so a position below it stays valid
+        path = self.config.manifest_path
+        data = self._retry.call(lambda: read_manifest_bytes(self.store, path)[0],
+                                what="read manifest")
+        next_sequence = read_footer(data, path).next_sequence
+        if last_acked >= next_sequence:
+            raise InvalidInput(f"last_acked_sequence: {last_acked} was never assigned by the "
+                               f"queue {path!r} (it has only assigned sequences below "
+                               f"{next_sequence}): a position from another queue or an earlier "
+                               "manifest would skip the entries produced up to it")
 
     def close(self) -> None:
         """Dequeue what was acked and stop the collector; a fenced consumer just stops."""
