@@ -145,11 +145,8 @@ def _entry_heads(buf, key: str | None, footer: Footer) -> Iterator[tuple[int, in
                           f"the last entry's sequence {prev}")
 
 
-def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> ManifestEntry:
-    end = pos + 4 + entry_len
-    p = pos + 4 + 8
-    if end - p < 2:
-        raise FormatError(key, p, "entry too short for location_len")
+def _decode_location(buf, key: str | None, p: int, end: int) -> tuple[str, int]:
+    """The location starting at ``p`` (its u16 length first) and the offset after it."""
     (loc_len,) = struct.unpack_from("<H", buf, p)
     p += 2
     if loc_len > end - p:
@@ -158,7 +155,15 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
         location = bytes(buf[p : p + loc_len]).decode("utf-8")  # (locations.py), per entry
     except UnicodeDecodeError as e:
         raise FormatError(key, p, f"location is not UTF-8: {e.reason}") from e
-    p += loc_len
+    return location, p + loc_len
+
+
+def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> ManifestEntry:
+    end = pos + 4 + entry_len
+    p = pos + 4 + 8
+    if end - p < 2:
+        raise FormatError(key, p, "entry too short for location_len")
+    location, p = _decode_location(buf, key, p, end)
     if end - p < 4:
         raise FormatError(key, p, "entry too short for metadata_count")
     (md_count,) = U32.unpack_from(buf, p)
@@ -202,6 +207,19 @@ def entry_after(buf, sequence: int, key: str | None = None) -> ManifestEntry | N
     for pos, n, seq in _entry_heads(buf, key, footer):
         if seq > sequence:
             return _decode_entry(buf, key, pos, n, seq)
+    return None
+
+
+def location_after(buf, sequence: int, key: str | None = None) -> tuple[int, str] | None:
+    """Sequence and location of the first entry above ``sequence``, its metadata not decoded:
+    all the consumer's read-ahead needs to start reading that batch."""
+    footer = read_footer(buf, key)
+    for pos, n, seq in _entry_heads(buf, key, footer):
+        if seq > sequence:
+            end = pos + 4 + n
+            if end - (pos + 12) < 2:
+                raise FormatError(key, pos + 12, "entry too short for location_len")
+            return seq, _decode_location(buf, key, pos + 12, end)[0]
     return None
 
 
