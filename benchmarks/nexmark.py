@@ -202,21 +202,44 @@ def _requests_per_batch(per_batch: list[dict]) -> float | None:
 
 # ------------------------------------------------------------------------------------ sides
 
+# Spark starting a Python process that does not connect back in time (its accept timeout, on
+# a loaded machine): the environment's failure, not the engine's; the run is made again, once,
+# and counted (``qN_runs_retried``)
+STARTUP_TIMEOUT = "Python worker failed to connect back"
+
+
+def once_more(run, retried: list[str], what: str):
+    """``run()``, again once if Spark's Python process start timed out."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - only the start timeout is retried
+        if STARTUP_TIMEOUT not in str(e):
+            raise
+        print(f"   {what}: {STARTUP_TIMEOUT}; run again", flush=True)
+        retried.append(what)
+        return run()
+
+
 def best(runs: list[dict]) -> dict:
     return min(runs, key=lambda r: r["wall_s"])
 
 
 def headrace_side(spark, name: str, seed_root: Path, qwork: Path, ps: list[int],
-                  expected, url: str | None, produce) -> tuple[list[dict], bool, str]:
+                  expected, url: str | None, produce,
+                  retried: list[str]) -> tuple[list[dict], bool, str]:
     """Every headrace run of the query (one per P); (runs, all equal to the oracle, why not)."""
     runs, equal, why = [], True, "equal"
     for p in ps:
-        if url:
-            root = f"{url.rstrip('/')}/nexmark-{name}-p{p}-{int(time.time())}"
-            produce(root)
-        else:
-            root = copy_queue(seed_root, qwork / f"store-p{p}")
-        h = run_headrace(spark, name, root, str(qwork / f"ckpt-p{p}"), p)
+        def run(p=p):
+            if url:
+                root = f"{url.rstrip('/')}/nexmark-{name}-p{p}-{time.time_ns()}"
+                produce(root)
+            else:
+                root = copy_queue(seed_root, qwork / f"store-p{p}")
+            shutil.rmtree(qwork / f"ckpt-p{p}", ignore_errors=True)
+            return run_headrace(spark, name, root, str(qwork / f"ckpt-p{p}"), p)
+
+        h = once_more(run, retried, f"headrace P={p}")
         ok, w = results_equal(h.pop("result"), expected)
         print(f"   headrace P={p}: {h['wall_s']:.2f} s; vs Spark batch: {w}", flush=True)
         if not ok and equal:
@@ -227,12 +250,16 @@ def headrace_side(spark, name: str, seed_root: Path, qwork: Path, ps: list[int],
 
 
 def spark_side(spark, name: str, views, qwork: Path, ps: list[int], durable: bool,
-               label: str) -> list[dict] | str:
+               label: str, retried: list[str]) -> list[dict] | str:
     """Every run of one Spark side (one per P), or Spark's reason for refusing the query."""
     runs, found = [], None
     for p in ps:
-        r = run_stream(spark, name, lambda wm, p=p: views(wm, p), qwork / f"{label}-p{p}", p,
-                       durable=durable, found=found)
+        def run(p=p, found=found):
+            shutil.rmtree(qwork / f"{label}-p{p}", ignore_errors=True)
+            return run_stream(spark, name, lambda wm: views(wm, p), qwork / f"{label}-p{p}",
+                              p, durable=durable, found=found)
+
+        r = once_more(run, retried, f"Spark {label} P={p}")
         if not r["ok"]:
             return r["reason"]
         found = r["found"]
@@ -313,8 +340,9 @@ def run_query(spark, name: str, args, sizes: dict, cfg, work: Path, ps: list[int
         produce_events(root, QUEUE, n, config=cfg, batch_events=sizes["batch_events"],
                        entries=args.entries)
 
+    retried: list[str] = []
     runs, equal, why = headrace_side(spark, name, seed_root, qwork, ps, expected, args.url,
-                                     produce)
+                                     produce, retried)
     if not equal:
         notes[name] = f"differs from Spark batch: {why}"
     h = best(runs)
@@ -353,7 +381,7 @@ def run_query(spark, name: str, args, sizes: dict, cfg, work: Path, ps: list[int
     }
     for label, (views, durable) in sides.items():
         try:
-            runs = spark_side(spark, name, views, qwork, ps, durable, label)
+            runs = spark_side(spark, name, views, qwork, ps, durable, label, retried)
         except Exception as e:  # noqa: BLE001 - reported; headrace's figures stand
             traceback.print_exc()
             notes[f"{name} (Spark {label})"] = (f"failed: {type(e).__name__}: "
@@ -380,6 +408,7 @@ def run_query(spark, name: str, args, sizes: dict, cfg, work: Path, ps: list[int
             figures[f"{name}_spark_fair_equal_to_spark_batch"] = int(ok)
             if not ok:
                 notes[f"{name} (Spark fair)"] = f"differs from Spark batch: {w}"
+    figures[f"{name}_runs_retried"] = len(retried)
     shutil.rmtree(qwork, ignore_errors=True)
     print(f"   {name}: {time.perf_counter() - t_query:.1f} s", flush=True)
 

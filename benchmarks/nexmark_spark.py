@@ -129,8 +129,9 @@ def run_stream(spark, name: str, views, work: Path, partitions: int, *, durable:
                 q = _start(df, mode, work / f"ckpt-{tag}", sink)
                 q.awaitTermination()
             except (AnalysisException, StreamingQueryException) as e:
-                if found:
-                    raise
+                if found or not isinstance(e, AnalysisException) and \
+                        "Python worker failed to connect back" in str(e):
+                    raise  # a failure to run, not Spark refusing the query
                 refusals.append(f"{mode}{'' if watermark else ', no watermark'}: "
                                 f"{' '.join(str(e).split())[:300]}")
                 continue
