@@ -117,6 +117,19 @@ def test_location_after_agrees_with_entry_after_or_raises_format_error(m, ops, a
         assert where == (None if entry is None else (entry.sequence, entry.location))
 
 
+@pytest.mark.parametrize("payloads", [[b""] * 300, [b"abc"] * 300,
+                                      [b"abc"] * 150 + [b"ab"] + [b"abc"] * 149])
+def test_many_metadata_items_decode_exactly(payloads):
+    items = tuple(Metadata(i * 7, -(2**63) + i, pl) for i, pl in enumerate(payloads))
+    data = mf.encode_entry(5, "ingest/x.batch", items) + mf.encode_footer(1, 6, 0)
+    assert mf.decode_manifest(data).entries[0].metadata == items
+    assert mf.entry_after(data, 4).metadata == items
+    bad = bytearray(data)
+    bad[4 + 8 + 2 + 14 + 4 + 3 * (16 + len(payloads[0])) + 12] ^= 1  # item 3's payload_len
+    with pytest.raises(FormatError, match="metadata|entry_len"):
+        mf.decode_manifest(bytes(bad), key="m")
+
+
 # -- ConsumedBatch ----------------------------------------------------------------------------
 
 def _queue(store, batches: list[list[bytes]]) -> None:

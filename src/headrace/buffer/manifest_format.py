@@ -22,6 +22,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from headrace.buffer.types import ManifestEntry, Metadata
 from headrace.errors import FormatError, InvalidInput
 
@@ -171,6 +173,9 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
     if md_count * META_HEAD.size > end - p:
         raise FormatError(key, p - 4, f"metadata_count {md_count} needs at least "
                           f"{md_count * META_HEAD.size} bytes, the entry has {end - p}")
+    items = _uniform_metadata(buf, p, end, md_count)
+    if items is not None:
+        return ManifestEntry(seq, location, items)
     items = []
     for j in range(md_count):
         if end - p < META_HEAD.size:
@@ -184,6 +189,29 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
     if p != end:
         raise FormatError(key, p, f"entry_len {entry_len} leaves {end - p} unparsed bytes")
     return ManifestEntry(seq, location, tuple(items))
+
+
+def _uniform_metadata(buf, p: int, end: int, count: int) -> tuple[Metadata, ...] | None:
+    """Fast path, no Python loop over the bytes: every item's payload has the first one's
+    length (one produce call per item, usually with an empty or fixed-size payload), so the
+    items lie at a fixed stride. None when they do not: the item-by-item walk decides."""
+    if count < 2 or end - p < META_HEAD.size:
+        return None
+    (plen,) = U32.unpack_from(buf, p + 12)
+    stride = META_HEAD.size + plen
+    if end - p != count * stride:
+        return None
+    rows = np.ndarray((count,), dtype=np.dtype({
+        "names": ["start", "time", "plen"], "formats": ["<u4", "<i8", "<u4"],
+        "offsets": [0, 4, 12], "itemsize": stride}), buffer=buf, offset=p)
+    if not np.all(rows["plen"] == plen):
+        return None
+    if plen:
+        payloads = np.ndarray((count,), dtype=f"V{plen}", buffer=buf, offset=p + 16,
+                              strides=(stride,)).tolist()
+    else:
+        payloads = [b""] * count
+    return tuple(map(Metadata, rows["start"].tolist(), rows["time"].tolist(), payloads))
 
 
 def decode_manifest(buf, key: str | None = None) -> Manifest:
