@@ -203,21 +203,22 @@ def _requests_per_batch(per_batch: list[dict]) -> float | None:
 # ------------------------------------------------------------------------------------ sides
 
 # Spark starting a Python process that does not connect back in time (its accept timeout, on
-# a loaded machine): the environment's failure, not the engine's; the run is made again, once,
-# and counted (``qN_runs_retried``)
+# a loaded machine): the environment's failure, not the engine's; the run is made again, at
+# most RETRIES times, and counted (``qN_runs_retried``)
 STARTUP_TIMEOUT = "Python worker failed to connect back"
+RETRIES = 2
 
 
 def once_more(run, retried: list[str], what: str):
-    """``run()``, again once if Spark's Python process start timed out."""
-    try:
-        return run()
-    except Exception as e:  # noqa: BLE001 - only the start timeout is retried
-        if STARTUP_TIMEOUT not in str(e):
-            raise
-        print(f"   {what}: {STARTUP_TIMEOUT}; run again", flush=True)
-        retried.append(what)
-        return run()
+    """``run()``, again if Spark's Python process start timed out."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return run()
+        except Exception as e:  # noqa: BLE001 - only the start timeout is retried
+            if STARTUP_TIMEOUT not in str(e) or attempt == RETRIES:
+                raise
+            print(f"   {what}: {STARTUP_TIMEOUT}; run again", flush=True)
+            retried.append(what)
 
 
 def best(runs: list[dict]) -> dict:
