@@ -276,15 +276,24 @@ def warm_up(spark, work: Path, ps: list[int], entries: str, splits: int) -> None
     produce_events(str(seed), QUEUE, 20_000, config=cfg, batch_events=10_000, entries=entries)
     write_parquet(cfg, 20_000, 10_000, parquet)
     t0 = time.perf_counter()
+    retried: list[str] = []
     for name in ("q0", "q3"):
         w = work / "warm" / name
-        run_headrace(spark, name, copy_queue(seed, w / "store"), str(w / "ckpt"), ps[0])
+        runs = {
+            "headrace": lambda name=name, w=w: run_headrace(
+                spark, name, copy_queue(seed, w / "store"), str(w / f"ckpt-{time.time_ns()}"),
+                ps[0]),
+            "ceiling": lambda name=name, w=w: run_stream(
+                spark, name, lambda wm: ceiling_views(spark, parquet, wm),
+                w / f"ceiling-{time.time_ns()}", ps[0], durable=False),
+            "fair": lambda name=name, w=w: run_stream(
+                spark, name, lambda wm: fair_views(spark, copy_queue(seed, w / "fair-q"),
+                                                   entries, wm, splits),
+                w / f"fair-{time.time_ns()}", ps[0], durable=True),
+        }
         run_spark_batch(spark, name, parquet)
-        run_stream(spark, name, lambda wm: ceiling_views(spark, parquet, wm), w / "ceiling",
-                   ps[0], durable=False)
-        run_stream(spark, name, lambda wm, w=w: fair_views(
-            spark, copy_queue(seed, w / "fair-q"), entries, wm, splits), w / "fair", ps[0],
-            durable=True)
+        for what, run in runs.items():
+            once_more(run, retried, f"warm-up {name} {what}")
     shutil.rmtree(work / "warm", ignore_errors=True)
     print(f"-- warm-up (q0, q3 over 20k events, every side): "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
