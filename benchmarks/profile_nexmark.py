@@ -389,6 +389,7 @@ def run_headrace(spark, name: str, root: str, ckpt: str, partitions: int) -> dic
 
 def main(argv=None) -> None:
     args = parse(argv)
+    nx.RETRIES = 5  # py-spy's pauses slow the Python processes' start further
     if not Path(PY_SPY).exists():
         raise SystemExit("py-spy is not installed: pip install py-spy")
     from headrace.testing.spark import local_spark
