@@ -201,9 +201,21 @@ def _spawn(engine: str, root: str, out: str, args) -> subprocess.Popen:
     return proc
 
 
-def _result(proc: subprocess.Popen) -> dict:
-    out, _ = proc.communicate(timeout=900)
-    for line in out.splitlines():
+def _result(proc: subprocess.Popen, failure) -> dict:
+    """The child's RESULT; ``failure()`` says what stopped the query (None while it runs):
+    a dead query ends the wait at once instead of at the child's deadline."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 900
+    while proc.poll() is None:
+        why = failure()
+        if why is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the query stopped: {why}" if why else "no result in 900 s")
+        time.sleep(0.5)
+    reader.join(10)
+    for line in lines:
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"the producer child gave no result (exit {proc.returncode})")
@@ -219,7 +231,7 @@ def run_headrace(spark, work: Path, args) -> dict:
     src["ev"].select("id", "sent_ms", "payload").write_shard(SHARD)
     q = p.start(processing_time="0 seconds")
     try:
-        return _result(proc)
+        return _result(proc, lambda: q.exception)
     finally:
         q.stop()
         q.await_termination(60)
@@ -242,7 +254,7 @@ def run_spark(spark, work: Path, args) -> dict:
          .option("checkpointLocation", str(work / "spark-ckpt"))
          .trigger(processingTime="0 seconds").start())
     try:
-        return _result(proc)
+        return _result(proc, lambda: None if q.isActive else (q.exception() or "stopped"))
     finally:
         q.stop()
 
@@ -264,7 +276,17 @@ def main(argv=None) -> None:
                      "measured_s": args.seconds}
     with scratch_dir("latency") as work:
         for engine in args.engines.split(","):
-            r = (run_headrace if engine == "headrace" else run_spark)(spark, work, args)
+            run = run_headrace if engine == "headrace" else run_spark
+            for attempt in range(3):  # Spark's Python process start may time out when loaded
+                try:
+                    r = run(spark, work / f"{engine}-{attempt}", args)
+                    break
+                except RuntimeError as e:
+                    if "failed to connect back" not in str(e) or attempt == 2:
+                        raise
+                    print(f"-- {engine}: a Python process start timed out; run again",
+                          flush=True)
+                    figures[f"runs_retried_{engine}"] = attempt + 1
             tag = "" if engine == "headrace" else "_spark"
             print(f"-- {engine}: {json.dumps(r)}", flush=True)
             for k, v in r.items():
