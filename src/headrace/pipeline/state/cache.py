@@ -15,7 +15,7 @@ run views must stay decoded between batches for a batch to cost O(delta). Spark 
 bucket's task on either worker, so each worker ends up holding views of every bucket. With a
 fixed 256 MiB a 4M-key group-by (~80 B per key in views) no longer fitted and every batch
 decoded the state again: the group-by's task function alone at 4M keys took 2.97 s per
-100k-row batch with 256 MiB, 0.87 s with 3 GiB (session 15; docs/pipeline.md).
+100k-row batch with 256 MiB, 0.87 s with 3 GiB (docs/pipeline.md).
 """
 
 from __future__ import annotations
