@@ -2,7 +2,8 @@
 
 Tasks return only small (KIND, PAYLOAD) rows (docs/pipeline.md, "Where data flows"): state page
 runs, local+backup snapshot ids, output parts (uploaded) or small outputs (inline), bad-entry
-summaries, the input count, event-time maxima, late-row counts and request metrics.
+summaries, the input count, event-time maxima, late-row counts, request metrics and the keys a
+kernel refused (a retraction of a row never inserted).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class BatchControl:
     late: int = 0
     task_requests: dict = field(default_factory=lambda: defaultdict(int))
     input_rows: int = 0
+    negative: list = field(default_factory=list)  # {"op", "keys", "what"} per refusal
 
     def first_bad(self) -> str:
         """Where and why the first bad entry (by queue position) was refused."""
@@ -66,6 +68,8 @@ def absorb(rows: pa.Table | None) -> BatchControl:
                 c.wm[got[0]] = max(got[1], c.wm.get(got[0], got[1]))
             elif got is not None:
                 c.late += got[1]
+        elif kind == "negative":
+            c.negative.append(pickle.loads(payload))
         elif kind == "metrics":
             for k, v in json.loads(payload).items():
                 c.task_requests[k] += v

@@ -338,6 +338,12 @@ class Pipeline(PipelineBuilder):
         wanted = {s for s, _ in self._outputs()} if shards is None else shards
         if collect is not None:
             result = self._absorb_control(collect(t, prev_version, wanted))
+            if result["negative"]:  # settled over the queue range, by the per-batch job
+                from headrace.pipeline.negative import batch_entries, settle
+
+                result = settle(self, batch_entries(self, ends), result,
+                                state_version=prev_version, t=t, write_state=True,
+                                shards=wanted, watermark=watermark, nodes=nodes)
         else:
             result = self._run_stages(df, prev_version, t=t, write_state=True, shards=wanted,
                                       watermark=watermark, nodes=nodes)
@@ -399,9 +405,11 @@ class Pipeline(PipelineBuilder):
     # ---- the Spark job of a micro-batch ------------------------------------------------
     def _run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
                     shards: set[str], watermark: int | None = None,
-                    nodes: list[Node] | None = None) -> dict:
+                    nodes: list[Node] | None = None, settle: bool = True) -> dict:
         """Run every operator (or ``nodes``) over the entries in one Spark job; absorb its
-        control rows."""
+        control rows. A kernel's refusal (a retraction of a row never inserted) is settled
+        (negative.py: fail naming the entry, or run again without it) unless ``settle`` is
+        False."""
         ctx = self._task_context(state_version, t, write_state)
         # tasks upload parts under the driver's writer of each shard (registered once, its
         # lease refreshed by every link), so no sweep deletes them before they are linked
@@ -415,7 +423,14 @@ class Pipeline(PipelineBuilder):
             inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
             dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
             watermark_us=watermark, decoder=self._decoder(), columns=self._columns)
-        return self._absorb_control(rows)
+        result = self._absorb_control(rows)
+        if result["negative"] and settle:
+            from headrace.pipeline.negative import settle as settle_negative
+
+            result = settle_negative(self, entries_df, result, state_version=state_version,
+                                     t=t, write_state=write_state, shards=shards,
+                                     watermark=watermark, nodes=nodes)
+        return result
 
     def _task_context(self, state_version: int | None, t: int,
                       write_state: bool) -> TaskContextSpec:
@@ -449,7 +464,7 @@ class Pipeline(PipelineBuilder):
         self.metrics["late_rows"] += c.late
         return {"runs": c.runs, "indexes": c.indexes, "outputs": c.outputs, "bad": c.bad,
                 "wm": c.wm, "late": c.late, "task_requests": dict(c.task_requests),
-                "input_rows": c.input_rows}
+                "input_rows": c.input_rows, "negative": c.negative}
 
     # ---- running ----------------------------------------------------------------------
     def run(self, *, until_idle: bool = True, max_runs: int | None = None,

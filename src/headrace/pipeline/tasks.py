@@ -13,7 +13,11 @@ thing the driver collects:
   which the driver packs with the other tasks' into one part; the driver so holds at most
   tasks × inline_max bytes of rows, whatever the batch size;
 - ``"indexes"``: (local+backup backend) JSON {bucket key: new backup snapshot index id};
-- ``"metrics"``: JSON object-store request counts of this task.
+- ``"metrics"``: JSON object-store request counts of this task;
+- ``"negative"``: pickled {"op", "keys", "what"} — the kernel refused the batch's rows of these
+  keys (``NegativeMultiplicity``: a retraction of a row never inserted); their state is left
+  unwritten and their output out, and the driver does not commit the batch as it is
+  (pipeline/negative.py).
 
 Specs travel to executors by pickling, so they hold only plain values (schemas as IPC).
 """
@@ -30,6 +34,7 @@ import pyarrow.compute as pc
 
 from headrace.pipeline import operators
 from headrace.pipeline.names import BUCKET, PREFIX, SIDE, W
+from headrace.pipeline.operators.base import NegativeMultiplicity
 
 KIND = f"{PREFIX}kind"
 PAYLOAD = f"{PREFIX}payload"
@@ -124,6 +129,7 @@ class _States:
             store, stream=ctx.stream, run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}",
             options=ReservoirOptions(max_file_size=STATE_FILE_BYTES))
         self.new_indexes: dict[str, str] = {}
+        self.refused: list[dict] = []  # NegativeMultiplicity reports (control rows)
 
     def open(self, side: int, bucket: int):
         from headrace.pipeline.state import BucketLSM
@@ -134,6 +140,15 @@ class _States:
         key = bucket_key(self.spec.op, side, bucket)
         return LocalBackupBucketState(self.ctx.local_root, self.store, self.ctx.pipeline,
                                       self.spec.op, side, bucket, self.ctx.indexes.get(key))
+
+    def refuse(self, e: NegativeMultiplicity, opened: list) -> None:
+        """The kernel refused this apply: record why, write none of its state (a reservoir
+        state's changes stay in memory; a local one is closed uncommitted, and the next
+        open restores the committed snapshot)."""
+        self.refused.append({"op": self.spec.op, "keys": e.keys, "what": e.what})
+        if self.local:
+            for st in opened:
+                st.close()
 
     def finish(self, st) -> None:
         if not self.local:
@@ -181,6 +196,8 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
                                             protocol=pickle.HIGHEST_PROTOCOL)))
     if states.new_indexes:
         control.append(("indexes", json.dumps(states.new_indexes).encode()))
+    control += [("negative", pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL))
+                for r in states.refused]
     after = store.counts()
     control.append(("metrics", json.dumps({k: after[k] - before[k] for k in after}).encode()))
     yield control_rows(control, full)
@@ -216,7 +233,11 @@ def _apply_task(kernel, table: pa.Table, schemas: list[pa.Schema], states: _Stat
         router = Router([(keys, buckets[i]) for i, keys in kernel.route_keys(deltas)])
     opened = [TaskState({b: states.open(s, b) for b in ids}, router)
               for s in range(kernel.state_sides)]
-    out = kernel.apply(deltas, opened)
+    try:
+        out = kernel.apply(deltas, opened)
+    except NegativeMultiplicity as e:
+        states.refuse(e, opened)
+        return _no_rows(kernel)
     for st in opened:
         states.finish(st)
     return out
@@ -241,7 +262,11 @@ def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states:
         else:
             deltas = [_columns(rows, schemas[0])]
         opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
-        out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
+        try:
+            out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
+        except NegativeMultiplicity as e:
+            states.refuse(e, opened)
+            continue
         if spec.expire is not None:
             below, emit = spec.expire
             final = kernel.expire(opened, below, emit)
@@ -250,6 +275,10 @@ def _apply_per_bucket(kernel, table: pa.Table, schemas: list[pa.Schema], states:
             states.finish(st)
         outs.append(out)
     return outs
+
+
+def _no_rows(kernel) -> pa.Table:
+    return pa.schema([*kernel.output_schema, pa.field(W, pa.int64())]).empty_table()
 
 
 def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:

@@ -26,6 +26,22 @@ class ArithmeticOverflow(HeadraceError, ArithmeticError):
     Raised before the kernel writes any state, so the batch can fail without losing anything."""
 
 
+class NegativeMultiplicity(HeadraceError, ValueError):
+    """The batch would leave a multiplicity in the kernel's state below zero — a retraction of
+    a row that was never inserted, which Spark SQL cannot express. Raised before the kernel
+    writes any state (like ArithmeticOverflow), so the task can leave its state unwritten.
+
+    ``keys``: every offending key, encoded as the kernel's input rows are bucketed (its
+    ``bucket_columns``, normalised: ``keys.RowCodec(schema, columns, normalize=True)``), so
+    the driver can find the entries of the batch that carry it (pipeline/negative.py);
+    ``what``: the first one, in words."""
+
+    def __init__(self, what: str, keys: list[bytes]):
+        super().__init__(what)
+        self.what = what
+        self.keys = list(dict.fromkeys(keys))
+
+
 class StateSpine(Protocol):
     """One bucket's Z-set of (key, val, w) rows."""
 
@@ -77,4 +93,6 @@ class Kernel(Protocol):
         A kernel that has output over empty input (a global aggregate: one row of count 0)
         emits it on its first apply, so the runner applies such a kernel (``bucket_columns``
         empty: bucket 0) on the first batch even when its deltas are empty. Raises
-        ArithmeticOverflow (state untouched) where Spark's ANSI mode raises."""
+        ArithmeticOverflow (state untouched) where Spark's ANSI mode raises, and
+        NegativeMultiplicity (state untouched) where the batch would leave a multiplicity
+        below zero."""
