@@ -46,6 +46,36 @@ class Timer:
         self.s = time.perf_counter() - self.t0
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every descendant (the Spark JVM, its Python
+    workers; exited ones included): on a shared machine the wall time says little about the
+    run's own cost, this says what it would need alone (at best wall = CPU / cores)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu(pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return sum(int(x) for x in fields[11:15]) / ticks  # utime stime cutime cstime
+
+    def children(pid: int) -> list[int]:
+        out = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                out += [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return out
+
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += cpu(pid)
+        todo += children(pid)
+    return total
+
+
 def report(name: str, figures: dict, args: argparse.Namespace,
            counts: dict | None = None) -> dict:
     out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in figures.items()}

@@ -25,7 +25,10 @@ State bytes per batch, compaction amortised: the STEADY window holds one merge o
 tier only, so ``state_bytes_ratio_vs_spark_changelog`` divides the mean over 64 (quick: 32)
 steady batches of the same job's task function driven without Spark
 (``amortised_state_bytes``; the window's own ratio is reported as ``..._steady_window``) by
-Spark's changelog bytes per batch. That run commits the state as the driver does
+Spark's state store bytes per batch (its changelog files; the offset and commit logs of its
+checkpoint are reported apart, ``..._checkpoint_bytes_per_batch_spark_best_p``). A child that
+fails to give its figure (driver RSS, restart) or a crash child that was not SIGKILLed stops
+the run with its output. That run commits the state as the driver does
 (``pipeline/state/commit.py``: snapshots and repacks included) and also gives
 ``state_stored_ratio_vs_live``: every byte under the state prefix at its end over the live
 pages' bytes.
@@ -164,8 +167,11 @@ def spark_run(spark, input_dir: Path, work: Path, partitions: int,
     r = run_spark_rocksdb(spark, input_dir, work, partitions=partitions, changelog=True,
                           recovery=False)
     steady = _steady(r["_batches"], measured)
+    # state bytes: the state store's files only (Spark's checkpoint also writes offset and
+    # commit logs each batch, which headrace's state figure does not count either)
     return {"batch_s_p50": statistics.median(b["batch_s"] for b in steady),
-            "bytes_per_batch": statistics.median(b["checkpoint_bytes"] for b in steady),
+            "checkpoint_bytes_per_batch": statistics.median(b["checkpoint_bytes"]
+                                                            for b in steady),
             "state_bytes_per_batch": statistics.median(b["state_bytes"] for b in steady)}
 
 
@@ -411,12 +417,15 @@ def capacity(n_keys: int, partitions: int = 4, load: int = 1_000_000,
     figures = {
         f"capacity_n{n_keys}_ran": int(ran),
         f"capacity_n{n_keys}_wall_s": wall,
-        f"capacity_n{n_keys}_worker_peak_rss_mib": r.get("worker_peak_rss_mib", -1),
-        f"capacity_n{n_keys}_worker_peak_vm_mib": r.get("worker_peak_vm_mib", -1),
         f"capacity_n{n_keys}_worker_memory_cap": WORKER_MEMORY,
         f"capacity_n{n_keys}_buckets": int(os.environ.get("HEADRACE_BENCH_BUCKETS", "32")),
-        f"capacity_n{n_keys}_state_bytes": r.get("state_bytes", -1),
     }
+    # a failed child's missing figures stay missing (a -1 would read as a met "<=" target)
+    for key, name in (("worker_peak_rss_mib", "worker_peak_rss_mib"),
+                      ("worker_peak_vm_mib", "worker_peak_vm_mib"),
+                      ("state_bytes", "state_bytes")):
+        if key in r:
+            figures[f"capacity_n{n_keys}_{name}"] = r[key]
     if deltas:
         figures.update({
             f"capacity_n{n_keys}_delta_batch_s_p50": statistics.median(
@@ -524,6 +533,21 @@ def _untimed_children(work: Path, rows_big: int, partitions: int, files: list[Pa
         out.update(rss_small=small.result(), rss_big=big.result(), crash=crash.result())
 
 
+def crashed(result: dict) -> None:
+    """The crash child must have died by SIGKILL at its state checkpoint (its restart is
+    timed next): anything else — it finished, failed, or was never killed — stops the run."""
+    if result.get("returncode") != -signal.SIGKILL:
+        raise RuntimeError("the headrace crash child was not SIGKILLed at its state checkpoint: "
+                           + json.dumps(result)[-2000:])
+
+
+def measured(result: dict, key: str, what: str) -> float:
+    """A child's figure, or a loud failure: a missing figure is never recorded as a number."""
+    if key not in result:
+        raise RuntimeError(f"{what} gave no {key}: " + json.dumps(result)[-2000:])
+    return result[key]
+
+
 def headrace_recovery(work: Path, partitions: int) -> dict:
     """A fresh driver restarts the crash child's pipeline: time to its first committed batch."""
     root, ckpt = _recovery_dirs(work)
@@ -580,7 +604,9 @@ def main() -> None:
                 f"n{n}_batch_s_spark_best_p": s_by[n][best]["batch_s_p50"],
                 f"n{n}_spark_best_p": best,
                 f"n{n}_state_bytes_per_batch_headrace": h_by[n]["state_bytes_per_batch"],
-                f"n{n}_state_bytes_per_batch_spark_best_p": s_by[n][best]["bytes_per_batch"],
+                f"n{n}_state_bytes_per_batch_spark_best_p": s_by[n][best]["state_bytes_per_batch"],
+                f"n{n}_checkpoint_bytes_per_batch_spark_best_p":
+                    s_by[n][best]["checkpoint_bytes_per_batch"],
                 f"n{n}_puts_per_batch_headrace": h_by[n]["puts_per_batch"],
                 f"n{n}_state_bytes_total_headrace": h_by[n]["state_bytes_total"],
                 f"n{n}_static_plan_batches_headrace": h_by[n]["static_plan_batches"],
@@ -617,23 +643,26 @@ def main() -> None:
         figures[f"n{big}_state_stored_bytes_end_headrace"] = am["state_stored_bytes_end"]
         figures["state_stored_ratio_vs_live"] = (am["state_stored_bytes_end"]
                                                  / max(am["state_live_bytes_end"], 1))
-        figures["state_bytes_ratio_vs_spark_changelog"] = (
-            am["state_bytes_per_batch"] / max(s_by[big][best]["bytes_per_batch"], 1))
+        spark_state = s_by[big][best]["state_bytes_per_batch"]
+        if spark_state <= 0:
+            raise RuntimeError(f"Spark wrote no state bytes per batch at {big} keys, P={best}")
+        figures["state_bytes_ratio_vs_spark_changelog"] = am["state_bytes_per_batch"] / spark_state
         figures["state_bytes_ratio_vs_spark_changelog_steady_window"] = (
-            h_by[big]["state_bytes_per_batch"] / max(s_by[big][best]["bytes_per_batch"], 1))
+            h_by[big]["state_bytes_per_batch"] / spark_state)
         figures["puts_per_batch_headrace"] = max(h["puts_per_batch_max"] for h in h_by.values())
         spark.stop()  # the timed restart below runs beside no other JVM
         beside.join()
         phase("driver RSS and headrace crash children done")
-        r_small, r_big = aside["rss_small"], aside["rss_big"]
-        figures["driver_peak_rss_mib_20k"] = r_small.get("peak_rss_mib", -1)
-        figures[f"driver_peak_rss_mib_{rows_big // 1000}k"] = r_big.get("peak_rss_mib", -1)
-        figures["driver_peak_rss_growth"] = (r_big.get("peak_rss_mib", -1)
-                                             / max(r_small.get("peak_rss_mib", 1), 1))
+        crashed(aside["crash"])
+        r_small = measured(aside["rss_small"], "peak_rss_mib", "driver RSS child (20k rows)")
+        r_big = measured(aside["rss_big"], "peak_rss_mib", f"driver RSS child ({rows_big} rows)")
+        figures["driver_peak_rss_mib_20k"] = r_small
+        figures[f"driver_peak_rss_mib_{rows_big // 1000}k"] = r_big
+        figures["driver_peak_rss_growth"] = r_big / r_small
         figures["driver_rss_join_rows_big"] = rows_big
         rec = headrace_recovery(work, hp)
         phase("headrace recovery done")
-        figures["recovery_s_headrace"] = rec.get("recovery_s", -1)
+        figures["recovery_s_headrace"] = measured(rec, "recovery_s", "headrace restart child")
         spark = _spark(best)
         sdir = work / "s-rec"
         srun = run_spark_rocksdb(spark, inp, sdir, partitions=best, changelog=True,

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.buffer import Producer, ProducerConfig, read_entries, read_manifest
+from headrace.buffer import (
+    Consumer,
+    ConsumerConfig,
+    Producer,
+    ProducerConfig,
+    read_entries,
+    read_manifest,
+)
 from headrace.buffer.batch_format import COMPRESSION_NONE, COMPRESSION_ZSTD, read_footer
-from headrace.errors import HeadraceError
+from headrace.errors import FormatError, HeadraceError
 from headrace.store import LocalStore
 
 M = "ingest/manifest"
@@ -66,3 +73,33 @@ def test_an_unknown_compression_is_refused_naming_the_field(bad):
 
     with pytest.raises(InvalidInput, match="batch_compression"):
         ProducerConfig(url="memory://x", batch_compression=bad)
+
+
+def test_a_damaged_start_index_in_the_manifest_is_an_error_not_shifted_ranges(tmp_path):
+    """The manifest has no checksum (RFC 0001): a flipped start_index used to come back as
+    metadata ranges over records that do not exist (the torture sweep's silent wrong reads)."""
+    store = LocalStore(tmp_path / "s", fsync=False)
+    with Producer(ProducerConfig(store=store, flush_interval_s=60)) as p:
+        p.produce([b"a", b"b", b"c"], metadata=b"first")
+        p.produce([b"d", b"e", b"f"], metadata=b"second")
+    orig = store.get(M).data
+    (entry,) = read_manifest(store, M).entries
+    assert [m.start_index for m in entry.metadata] == [0, 3]
+    first = 4 + 8 + 2 + len(entry.location) + 4  # entry_len, sequence, location, md count
+    second = first + 16 + len(b"first")  # start u32, time i64, payload_len u32, payload
+    cases = [(first, 0x80, "item 0 has start_index 128"),   # the first range must start at 0
+             (second + 1, 0x08, "item 1 has start_index 2051"),  # past the 6 records
+             (second, 0x04, "item 1 has start_index 7")]
+    for off, mask, what in cases:
+        bad = bytearray(orig)
+        bad[off] ^= mask
+        store.put(M, bytes(bad))
+        with pytest.raises(FormatError, match=f"sequence 0 .*metadata {what}"):
+            _read(store)
+        c = Consumer(ConsumerConfig(store=store, gc_interval_s=0))
+        c.initialize()
+        with pytest.raises(FormatError, match=what):
+            c.next_batch()
+        c.close()
+    store.put(M, orig)
+    assert _read(store) == [[b"a", b"b", b"c", b"d", b"e", b"f"]]

@@ -78,6 +78,20 @@ def test_flush_on_size_and_on_timer():
     assert [len(b.entries) for b in batches] == [3, 3, 3, 1, 1]
 
 
+def test_flush_size_is_exceeded_not_reached():
+    """RFC 0001: a batch flushes when its size *exceeds* flush_size_bytes, not at exactly it."""
+    store = MemoryStore("flush-exceeds")
+    with Producer(ProducerConfig(store=store, flush_interval_s=60, flush_size_bytes=100)) as p:
+        p.produce([b"a" * 96])  # 96 + 4-byte length prefix = exactly 100: stays open
+        joined = p.produce([b"b" * 97])  # 201 > 100: both go out together
+        joined.watcher.await_durable(5)
+        alone = p.produce([b"c" * 97])  # 101 > 100: flushed on its own, no timer, no close
+        alone.watcher.await_durable(5)
+        assert p.metrics()["batches_flushed"] == 2
+    assert [[len(e) for e in b.entries] for b in read_entries(store, M, None)] == \
+        [[96, 97], [97]]
+
+
 def test_backpressure_blocks_produce():
     slow = FaultyStore(MemoryStore("slow"), latency_s=0.1)
     with Producer(ProducerConfig(store=slow, max_buffered_inputs=1, flush_size_bytes=1)) as p:
@@ -154,6 +168,29 @@ def test_acks_in_order_dequeue_batching_and_resume():
     c2.ack(6)
     c2.close()
     assert read_footer(store.get(M).data).entry_count == 1  # close() dequeued through 6
+
+
+def test_initialize_past_the_end_is_refused_and_close_still_succeeds(url):
+    with Producer(ProducerConfig(url=url, flush_size_bytes=1)) as p:
+        for i in range(5):
+            p.produce([f"e{i}".encode()])
+    store = open_store(url)
+    epoch = read_footer(store.get(M).data).epoch
+    c = Consumer(ConsumerConfig(url=url, gc_interval_s=0))
+    # sequences 0..4 exist: 10 (or 5) was never assigned, so resuming there would skip 5..10
+    with pytest.raises(InvalidInput, match=r"10 was never assigned .*below 5"):
+        c.initialize(last_acked_sequence=10)
+    with pytest.raises(InvalidInput, match=r"5 was never assigned"):
+        c.initialize(last_acked_sequence=5)
+    assert read_footer(store.get(M).data).epoch == epoch  # refused before fencing anyone
+    c.close()  # nothing was read or acked: closing succeeds and dequeues nothing
+    assert read_footer(store.get(M).data).entry_count == 5
+    # resuming at the last assigned sequence is fine; close() acks nothing more
+    c2 = Consumer(ConsumerConfig(url=url, gc_interval_s=0))
+    c2.initialize(last_acked_sequence=4)
+    assert c2.next_batch() is None
+    c2.close()
+    assert read_entries(store, M, None) == []  # close dequeued the resumed-past 0..4
 
 
 def test_corrupt_batch_file_is_a_format_error():

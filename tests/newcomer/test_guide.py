@@ -1,5 +1,6 @@
-"""docs/guide.md runs as written: every ```python block, in order, in one namespace, in a new
-working directory (so its local folder store is new), in a subprocess (see run_docs.py)."""
+"""docs/guide.md and the README's quickstart run as written: every ```python block, in order, in
+one namespace, in a new working directory (so its local folder store is new), in a subprocess
+(see run_docs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from run_docs import python_blocks
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]  # the fixture runs all examples too
 
-GUIDE = DOCS[0]
+GUIDE, README = DOCS
 
 
 @pytest.mark.parametrize("md", DOCS, ids=[md.name for md in DOCS])
@@ -38,3 +39,16 @@ def test_the_guide_prints_what_it_shows(runnable_docs):
         assert value in out
     # the guide's store is a local folder in the working directory it was given
     assert (job["dir"] / "guide-data" / "ingest" / "manifest").is_file()
+
+
+def test_the_readme_quickstart_prints_what_it_shows(runnable_docs):
+    """The quickstart's result comment is what it printed: a newcomer's first check."""
+    job = runnable_docs[README.name]
+    assert job["ok"], job_failure(runnable_docs, README.name)
+    shown = [ln.removeprefix("# ") for _, code in python_blocks(README)
+             for ln in code.splitlines() if ln.startswith("# [")]
+    # worked out by hand: amer has orders 1, 3, 5; emea 2, 4, 6 with order 4 retracted
+    assert shown == ["[{'region': 'amer', 'orders': 3, 'revenue': 90}, "
+                     "{'region': 'emea', 'orders': 2, 'revenue': 80}]"]
+    assert shown[0] in job["out"].splitlines()
+    assert (job["dir"] / "quickstart-data" / "ingest" / "manifest").is_file()

@@ -169,3 +169,28 @@ def test_verify_survives_compaction_but_not_a_lost_part(tmp_path):
     with pytest.raises(NotFound) as ei:
         client.verify("s")
     assert ei.value.key == checked.parts[0].key
+
+
+def test_compaction_whose_input_a_concurrent_compaction_deleted_gives_up_quietly(tmp_path):
+    """Three writers compacting one shard (torture's faulty persist race): one compaction read
+    parts another had just replaced and deleted, and its NotFound came out of client.close()."""
+    store = LocalStore(tmp_path / "s")
+    client = PersistClient(store, auto_compact_at=None)
+    w = client.open_writer("s")
+    for t in range(6):
+        w.compare_and_append(make_updates({"k": [t]}, [t]), t, t + 1)
+    hooked = HookStore(store)
+    hooked.when("get", is_part, lambda: PersistClient(store).compact("s", max_parts=2))
+    late = PersistClient(hooked)
+    result = late.compact("s", max_parts=2)
+    assert hooked.fired and not result.applied
+    assert len(client.state("s").parts) == 2
+    assert keys(client.read_only("s").snapshot(5, timeout_s=0)) == list(range(6))
+    # a part still linked but missing is lost, not compacted: that one is raised
+    parts = client.state("s").parts
+    for t in range(6, 9):
+        w.compare_and_append(make_updates({"k": [t]}, [t]), t, t + 1)
+    store.delete(parts[0].key)
+    with pytest.raises(NotFound) as ei:
+        late.compact("s", max_parts=2)
+    assert ei.value.key == parts[0].key

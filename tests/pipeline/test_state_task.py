@@ -100,7 +100,7 @@ def _agg_batch(rng, n: int, keys: int) -> pa.Table:
     g = rng.integers(0, keys, n)
     return pa.table({"g": g, "x": rng.integers(-50, 50, n),
                      "y": pa.array([f"v{v}" for v in rng.integers(0, 4, n)]),
-                     W: rng.choice([1, 1, 1, -1], n), BUCKET: (g * 7919 % BUCKETS).astype(np.int32)})
+                     W: np.ones(n, np.int64), BUCKET: (g * 7919 % BUCKETS).astype(np.int32)})
 
 
 def _join_batch(rng, n: int, keys: int) -> pa.Table:

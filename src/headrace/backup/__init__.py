@@ -1,5 +1,6 @@
-"""headrace.backup (seed 002): incremental snapshots of a local state directory to the object
-store, and restore on any host. See docs/backup.md and docs/formats/backup-index.md."""
+"""headrace.backup (after Samza's blob-store backup): incremental snapshots of a local state
+directory to the object store, and restore on any host. See docs/backup.md and
+docs/formats/backup-index.md."""
 
 from headrace.backup.backup import BackupManager
 from headrace.backup.blobs import BlobStore

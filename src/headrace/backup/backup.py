@@ -43,7 +43,7 @@ class BackupManager(PrometheusExport):
                  progress: ProgressCallback | None = None, keep_previous: bool = False):
         """``keep_previous``: snapshots this manager uploads keep the one they diff against
         (its cleanup makes it permanent instead of deleting it): a branch point the caller
-        named, as ``headrace backup --previous X`` does. Default: the seed's lifecycle, where
+        named, as ``headrace backup --previous X`` does. Default: Samza's lifecycle, where
         committing a snapshot retires its predecessor."""
         self.config = config or BackupConfig()
         self.store = open_store(store_or_url)

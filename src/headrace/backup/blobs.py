@@ -1,4 +1,4 @@
-"""BlobStore: the seed's BlobStoreManager (put / get / delete / remove_ttl) over an ObjectStore.
+"""BlobStore: Samza's BlobStoreManager (put / get / delete / remove_ttl) over an ObjectStore.
 
 Key layout under ``prefix``::
 

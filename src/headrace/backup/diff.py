@@ -1,4 +1,4 @@
-"""DirDiff: what changed in a local directory since the previous snapshot (seed 002's DirDiff).
+"""DirDiff: what changed in a local directory since the previous snapshot (Samza's DirDiff).
 
 Immutable files (SST / batch files, by glob pattern) are the same file when name and size match
 (and content hash, for small files or when asked): they are retained, their blobs reused. Any
@@ -19,21 +19,7 @@ from dataclasses import dataclass, field
 from headrace.backup.config import BackupConfig
 from headrace.backup.digest import local_file_digests
 from headrace.backup.index import DirIndex, FileIndex, validate_name
-from headrace.codec import crc32
 from headrace.errors import FormatError, InvalidInput
-
-_READ = 8 << 20
-
-
-def file_crc32(path: str) -> int:
-    """CRC32 of a whole local file, read in large blocks."""
-    value = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(_READ)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            value = crc32(view[:n], value)
-    return value
 
 
 @dataclass(frozen=True)

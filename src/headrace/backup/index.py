@@ -1,6 +1,6 @@
 """The snapshot index: which blobs make up which file of a backed-up directory.
 
-SnapshotIndex / DirIndex / FileIndex / FileBlob follow the Samza blob-store design (seed 002).
+SnapshotIndex / DirIndex / FileIndex / FileBlob follow the Samza blob-store design.
 An index is stored as one JSON blob inside a fixed envelope that carries a CRC32 of the exact
 body bytes, so a flipped digit is a loud ChecksumMismatch rather than a silently different
 snapshot. The byte layout is documented in docs/formats/backup-index.md.

@@ -1,6 +1,6 @@
 """The commit lifecycle after upload: cleanup of a committed snapshot, and the garbage sweep.
 
-Protocol (seed 002, "Post-commit cleanup and Garbage Collection"):
+Protocol (Samza's blob-store backup, "Post-commit cleanup and Garbage Collection"):
 
 1. ``upload`` writes new file blobs, then the index blob. Every one is born with a TTL deadline.
 2. The caller durably records the index id (its checkpoint). Only then:

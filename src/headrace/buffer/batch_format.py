@@ -10,7 +10,10 @@ Layout (little-endian)::
 See docs/formats/buffer-batch.md. Encoding is one C-level ``bytes.join`` (one copy);
 decoding checks in one numpy pass whether every record has the same length (then nothing loops
 in Python), else walks the length prefixes once (a chain: each offset depends on the previous
-length); record data is moved by Arrow kernels (``entry_array``).
+length). Decoding copies no record: ``DecodedBlock`` locates them in the block (the file's own
+bytes, or the one decompressed buffer), and readers view them there (``view``,
+``fixed_width``), move them with Arrow kernels (``entry_array``) or copy them out per record
+(``entries``) only when asked.
 """
 
 from __future__ import annotations
@@ -75,18 +78,84 @@ def read_footer(data, key: str | None = None) -> BatchFooter:
     return BatchFooter(compression, count, version)
 
 
-@dataclass(frozen=True)
-class DecodedBlock:
-    """Each record's start and length (numpy int64) in ``block``: the decompressed record block,
-    or for an uncompressed batch the file's bytes themselves (footer included, never indexed)."""
+@dataclass(frozen=True, eq=False)
+class DecodedBlock(Sequence[bytes]):
+    """A batch's records in place: each record's start and length (numpy int64) in ``block``,
+    the decompressed record block, or for an uncompressed batch the file's bytes themselves
+    (footer included, never indexed). ``width`` is the common length when every record has
+    the same one (else None).
+
+    A read-only sequence of ``bytes`` that builds no per-record object until asked: ``view``,
+    ``fixed_width`` and ``entry_array`` read records without copying each; indexing copies
+    one, ``entries`` all (one C-level pass). Equal to any sequence of the same records.
+    """
 
     block: bytes
     starts: np.ndarray
     lengths: np.ndarray
     compressed: bool
     key: str | None = None
+    width: int | None = None
+
+    @classmethod
+    def empty(cls, key: str | None = None) -> DecodedBlock:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(b"", none, none, False, key)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]  # IndexError (and negative indices) as a list has them
+        start = int(self.starts[i])
+        return self.block[start : start + int(self.lengths[i])]
+
+    def __iter__(self):
+        return iter(self.entries())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and self.entries() == list(other)
+
+    __hash__ = None  # equality is by content, like a list
+
+    def __repr__(self) -> str:
+        return f"DecodedBlock({len(self)} records, {self.nbytes} bytes, key={self.key!r})"
+
+    @property
+    def nbytes(self) -> int:
+        """Total record bytes (length prefixes not counted)."""
+        return int(self.lengths.sum())
+
+    def view(self, index: int) -> memoryview:
+        """Record ``index`` as a read-only view into the batch: no copy."""
+        i = range(len(self))[index]
+        start = int(self.starts[i])
+        return memoryview(self.block)[start : start + int(self.lengths[i])].toreadonly()
+
+    def fixed_width(self) -> np.ndarray | None:
+        """Equal-length records as a read-only ``(n, width)`` uint8 view into the batch (no
+        copy; the length prefixes are skipped by the stride), or None if lengths differ."""
+        n, w = len(self), self.width
+        if w is None or n == 0:
+            return None
+        return np.ndarray((n, w), dtype=np.uint8, buffer=self.block, offset=int(self.starts[0]),
+                          strides=(w + 4, 1))
 
     def entries(self) -> list[bytes]:
+        """Every record as its own ``bytes`` (the per-entry API; it copies each record)."""
+        n, w = len(self), self.width
+        if w is not None and n:
+            if w == 0:
+                return [b""] * n
+            # one strided void view: numpy's tolist makes the bytes objects in C, ~2x faster
+            # than slicing per record
+            rows = np.ndarray((n,), dtype=f"V{w}", buffer=self.block,
+                              offset=int(self.starts[0]), strides=(w + 4,))
+            return rows.tolist()
         # map over slices runs in C: ~2.5x faster than a comprehension per record
         ends = self.starts + self.lengths
         return list(map(self.block.__getitem__, map(slice, self.starts.tolist(), ends.tolist())))
@@ -104,8 +173,8 @@ class DecodedBlock:
         end = int(self.starts[-1] + self.lengths[-1])
         if end + 4 >= 2**31:
             raise FormatError(self.key, None, "batch holds more than 2 GiB of entry bytes")
-        width = int(self.lengths[0])
-        if n > 1 and np.all(np.diff(self.starts) == width + 4) and np.all(self.lengths == width):
+        width = self.width
+        if n > 1 and width is not None:
             # equal-length records: one strided copy drops the prefixes
             rows = np.frombuffer(self.block, dtype=np.uint8, count=n * (width + 4))
             values = np.ascontiguousarray(rows.reshape(n, width + 4)[:, 4:])
@@ -142,7 +211,7 @@ def decode_block(data, key: str | None = None,
                           f"bytes, the record block has {end}")
     uniform = _uniform_layout(block, end, count)
     if uniform is not None:
-        return DecodedBlock(block, *uniform, compressed, key)
+        return DecodedBlock(block, *uniform, compressed, key, int(uniform[1][0]))
     starts: list[int] = []
     lengths: list[int] = []
     add_start, add_length = starts.append, lengths.append

@@ -37,13 +37,47 @@ def load_block(store: ObjectStore, manifest_path: str, entry: ManifestEntry, *,
                data_path_prefix: str | None = None, retry: RetryPolicy | None = None,
                max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> DecodedBlock:
     """The decoded batch of ``entry``, or a typed error naming it (no skip log involved)."""
-    check_entry_location(manifest_path, entry, data_path_prefix)
+    block = read_block(store, manifest_path, entry.sequence, entry.location,
+                       data_path_prefix=data_path_prefix, retry=retry,
+                       max_batch_bytes=max_batch_bytes)
+    check_block(manifest_path, entry, block)
+    return block
+
+
+def read_block(store: ObjectStore, manifest_path: str, sequence: int, location: str, *,
+               data_path_prefix: str | None = None, retry: RetryPolicy | None = None,
+               max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> DecodedBlock:
+    """The batch file at ``location`` read and decoded, before its entry's metadata is known:
+    the consumer's read-ahead calls this, then ``check_block`` once it holds the entry."""
+    check_entry_location(manifest_path, ManifestEntry(sequence, location), data_path_prefix)
     try:
-        data = (retry or RetryPolicy()).call(lambda: store.get(entry.location).data,
-                                             what=f"read {entry.location}")
+        data = (retry or RetryPolicy()).call(lambda: store.get(location).data,
+                                             what=f"read {location}")
     except NotFound as e:
-        raise MissingBatch(manifest_path, entry.sequence, entry.location) from e
-    return decode_block(data, entry.location, max_batch_bytes)
+        raise MissingBatch(manifest_path, sequence, location) from e
+    return decode_block(data, location, max_batch_bytes)
+
+
+def check_block(manifest_path: str, entry: ManifestEntry, block: DecodedBlock) -> None:
+    """What a decoded batch must agree on with its manifest entry."""
+    check_metadata_ranges(manifest_path, entry, len(block.starts))
+
+
+def check_metadata_ranges(manifest_path: str, entry: ManifestEntry, record_count: int) -> None:
+    """The entry's metadata items must tile its batch: the first starts at record 0, each at or
+    after the one before, none past the end. The manifest has no checksum (RFC 0001), so this
+    is what turns a damaged ``start_index`` into an error instead of ranges over wrong records.
+    """
+    previous = 0
+    for i, item in enumerate(entry.metadata):
+        start = item.start_index
+        if (i == 0 and start != 0) or start < previous or start > record_count:
+            raise FormatError(manifest_path, None,
+                              f"sequence {entry.sequence} ({entry.location}): metadata item {i} "
+                              f"has start_index {start}, but items must start at 0, not go "
+                              f"back (previous {previous}) and stay within the batch's "
+                              f"{record_count} records")
+        previous = start
 
 
 def fetch_block(store: ObjectStore, manifest_path: str, entry: ManifestEntry, *,
@@ -71,8 +105,9 @@ def fetch_batch(store: ObjectStore, entry: ManifestEntry, *,
     got = fetch_block(store, manifest_path, entry, data_path_prefix=data_path_prefix,
                       retry=retry, max_batch_bytes=max_batch_bytes)
     if isinstance(got, SkipRecord):
-        return ConsumedBatch([], entry.sequence, entry.location, list(entry.metadata), got)
-    return ConsumedBatch(got.entries(), entry.sequence, entry.location, list(entry.metadata))
+        return ConsumedBatch(DecodedBlock.empty(entry.location), entry.sequence, entry.location,
+                             list(entry.metadata), got)
+    return ConsumedBatch(got, entry.sequence, entry.location, list(entry.metadata))
 
 
 def skip_batch(store: ObjectStore, manifest_path: str, sequence: int, *, reason: str,

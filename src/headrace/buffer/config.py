@@ -60,6 +60,8 @@ class ProducerConfig:
     data_path_prefix: str = DEFAULT_DATA_PREFIX
     manifest_path: str = DEFAULT_MANIFEST_PATH
     flush_interval_s: float = 0.1
+    # a batch is cut once its entries (+ 4-byte length prefixes) *exceed* this, not at exactly
+    # this size: a loose limit, as RFC 0001 has it (the produce call that crosses it stays whole)
     flush_size_bytes: int = 64 * 1024 * 1024
     max_buffered_inputs: int = 1000
     # "zstd" (level 3): the frame's content checksum catches a damaged batch. "none" is RFC 0001's
@@ -100,6 +102,9 @@ class ConsumerConfig:
     gc_grace_period_s: float = 600.0
     acks_per_dequeue: int = 100
     max_batch_bytes: int = DEFAULT_MAX_BLOCK_BYTES  # decompression bound per batch
+    # read and decode the next batch in a background thread while the caller works on this one
+    # (at most one more decoded batch in memory)
+    read_ahead: bool = False
     retry: RetryPolicy | None = None
     cas_retry: RetryPolicy | None = None
 
@@ -107,6 +112,8 @@ class ConsumerConfig:
         _check_store(self.url, self.store)
         _check_key("manifest_path", self.manifest_path)
         _check_key("data_path_prefix", self.data_path_prefix)
+        if not isinstance(self.read_ahead, bool):
+            raise InvalidInput(f"read_ahead: must be True or False, got {self.read_ahead!r}")
         check_number("gc_interval_s", self.gc_interval_s, 0)  # 0 = no background GC
         check_number("gc_grace_period_s", self.gc_grace_period_s, 0)
         check_number("acks_per_dequeue", self.acks_per_dequeue, 1, integer=True)

@@ -22,6 +22,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from headrace.buffer.types import ManifestEntry, Metadata
 from headrace.errors import FormatError, InvalidInput
 
@@ -145,11 +147,8 @@ def _entry_heads(buf, key: str | None, footer: Footer) -> Iterator[tuple[int, in
                           f"the last entry's sequence {prev}")
 
 
-def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> ManifestEntry:
-    end = pos + 4 + entry_len
-    p = pos + 4 + 8
-    if end - p < 2:
-        raise FormatError(key, p, "entry too short for location_len")
+def _decode_location(buf, key: str | None, p: int, end: int) -> tuple[str, int]:
+    """The location starting at ``p`` (its u16 length first) and the offset after it."""
     (loc_len,) = struct.unpack_from("<H", buf, p)
     p += 2
     if loc_len > end - p:
@@ -158,7 +157,15 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
         location = bytes(buf[p : p + loc_len]).decode("utf-8")  # (locations.py), per entry
     except UnicodeDecodeError as e:
         raise FormatError(key, p, f"location is not UTF-8: {e.reason}") from e
-    p += loc_len
+    return location, p + loc_len
+
+
+def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> ManifestEntry:
+    end = pos + 4 + entry_len
+    p = pos + 4 + 8
+    if end - p < 2:
+        raise FormatError(key, p, "entry too short for location_len")
+    location, p = _decode_location(buf, key, p, end)
     if end - p < 4:
         raise FormatError(key, p, "entry too short for metadata_count")
     (md_count,) = U32.unpack_from(buf, p)
@@ -166,6 +173,9 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
     if md_count * META_HEAD.size > end - p:
         raise FormatError(key, p - 4, f"metadata_count {md_count} needs at least "
                           f"{md_count * META_HEAD.size} bytes, the entry has {end - p}")
+    items = _uniform_metadata(buf, p, end, md_count)
+    if items is not None:
+        return ManifestEntry(seq, location, items)
     items = []
     for j in range(md_count):
         if end - p < META_HEAD.size:
@@ -179,6 +189,29 @@ def _decode_entry(buf, key: str | None, pos: int, entry_len: int, seq: int) -> M
     if p != end:
         raise FormatError(key, p, f"entry_len {entry_len} leaves {end - p} unparsed bytes")
     return ManifestEntry(seq, location, tuple(items))
+
+
+def _uniform_metadata(buf, p: int, end: int, count: int) -> tuple[Metadata, ...] | None:
+    """Fast path, no Python loop over the bytes: every item's payload has the first one's
+    length (one produce call per item, usually with an empty or fixed-size payload), so the
+    items lie at a fixed stride. None when they do not: the item-by-item walk decides."""
+    if count < 2 or end - p < META_HEAD.size:
+        return None
+    (plen,) = U32.unpack_from(buf, p + 12)
+    stride = META_HEAD.size + plen
+    if end - p != count * stride:
+        return None
+    rows = np.ndarray((count,), dtype=np.dtype({
+        "names": ["start", "time", "plen"], "formats": ["<u4", "<i8", "<u4"],
+        "offsets": [0, 4, 12], "itemsize": stride}), buffer=buf, offset=p)
+    if not np.all(rows["plen"] == plen):
+        return None
+    if plen:
+        payloads = np.ndarray((count,), dtype=f"V{plen}", buffer=buf, offset=p + 16,
+                              strides=(stride,)).tolist()
+    else:
+        payloads = [b""] * count
+    return tuple(map(Metadata, rows["start"].tolist(), rows["time"].tolist(), payloads))
 
 
 def decode_manifest(buf, key: str | None = None) -> Manifest:
@@ -202,6 +235,19 @@ def entry_after(buf, sequence: int, key: str | None = None) -> ManifestEntry | N
     for pos, n, seq in _entry_heads(buf, key, footer):
         if seq > sequence:
             return _decode_entry(buf, key, pos, n, seq)
+    return None
+
+
+def location_after(buf, sequence: int, key: str | None = None) -> tuple[int, str] | None:
+    """Sequence and location of the first entry above ``sequence``, its metadata not decoded:
+    all the consumer's read-ahead needs to start reading that batch."""
+    footer = read_footer(buf, key)
+    for pos, n, seq in _entry_heads(buf, key, footer):
+        if seq > sequence:
+            end = pos + 4 + n
+            if end - (pos + 12) < 2:
+                raise FormatError(key, pos + 12, "entry too short for location_len")
+            return seq, _decode_location(buf, key, pos + 12, end)[0]
     return None
 
 

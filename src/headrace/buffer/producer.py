@@ -2,9 +2,9 @@
 
 Two named threads per producer. ``headrace-buffer-producer`` owns the batch being built:
 ``produce`` hands it entries over a bounded queue (``max_buffered_inputs``); when it falls
-behind, callers block, which is the backpressure. A batch is cut when it reaches
-``flush_size_bytes`` or when ``flush_interval_s`` has passed since its first entry, encoded, and
-handed to ``headrace-buffer-uploader`` (a queue of one, so at most two encoded batches wait),
+behind, callers block, which is the backpressure. A batch is cut when it exceeds
+``flush_size_bytes`` (RFC 0001: a loose limit, so one produce call may carry it past) or when
+``flush_interval_s`` has passed since its first entry, encoded, and handed to ``headrace-buffer-uploader`` (a queue of one, so at most two encoded batches wait),
 which puts ``{data_path_prefix}/{ULID}.batch`` with Create, appends the location to the manifest
 (CAS; refused past half the collector's grace period, then re-uploaded under a fresh name),
 checks the file is still there, and only then resolves that batch's handles — in hand-off
@@ -211,7 +211,7 @@ class Producer(PrometheusExport):
                     if first_at is None:
                         first_at = self.clock.monotonic()
                 due = (item is None or item is _STOP or isinstance(item, _Flush)
-                       or size >= self.config.flush_size_bytes
+                       or size > self.config.flush_size_bytes
                        or (first_at is not None
                            and self.clock.monotonic() - first_at >= interval))
                 if due and entries:

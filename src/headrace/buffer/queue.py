@@ -25,6 +25,7 @@ from headrace.buffer.manifest_format import (
     decode_manifest,
     drop_through,
     entry_after,
+    location_after,
     read_footer,
     set_epoch,
 )
@@ -228,6 +229,16 @@ class QueueConsumer(_ManifestRole):
     def read_after(self, sequence: int) -> ManifestEntry | None:
         """The first entry after ``sequence`` (None if not there yet); decodes only that one."""
         return entry_after(self._checked_bytes(), sequence, self.manifest_path)
+
+    def read_after_and_next(self, sequence: int) -> tuple[ManifestEntry | None,
+                                                          tuple[int, str] | None]:
+        """``read_after`` plus the sequence and location of the entry after that one, from the
+        same manifest read (for the consumer's read-ahead)."""
+        data = self._checked_bytes()
+        entry = entry_after(data, sequence, self.manifest_path)
+        if entry is None:
+            return None, None
+        return entry, location_after(data, entry.sequence, self.manifest_path)
 
     def footer(self) -> Footer:
         """The manifest footer (entry count, next sequence, epoch), epoch-checked."""

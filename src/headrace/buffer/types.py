@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
+from headrace.buffer.batch_format import DecodedBlock
 from headrace.errors import HeadraceError, InvalidInput, NotFound
 
 _SKIP_HINT = "`headrace queue skip` (or headrace.buffer.skip_batch) records a skip of it"
@@ -115,11 +117,20 @@ class ManifestEntry:
 
 @dataclass(frozen=True)
 class ConsumedBatch:
-    """A batch as the consumer hands it out."""
+    """A batch as the consumer hands it out.
 
-    entries: list[bytes]
+    ``records`` holds the entries in place (one buffer plus offsets): ``records.view(i)``,
+    ``records.fixed_width()`` and ``records.entry_array()`` read them without a copy per entry.
+    ``entries`` is the same records as a list of ``bytes``, built on first use.
+    """
+
+    records: DecodedBlock
     sequence: int
     location: str
     metadata: list[Metadata] = field(default_factory=list)
-    skipped: SkipRecord | None = None  # set (and entries empty) for a recorded skip
+    skipped: SkipRecord | None = None  # set (and records empty) for a recorded skip
+
+    @cached_property
+    def entries(self) -> list[bytes]:
+        return self.records.entries()
 

@@ -95,7 +95,7 @@ class _DefaultCreateGroup(click.Group):
 
 @click.group("backup", cls=_DefaultCreateGroup)
 def backup_group() -> None:
-    """Incremental snapshots of a local state directory on an object store (seed 002).
+    """Incremental snapshots of a local state directory on an object store.
 
     `headrace backup DIR URL --checkpoint-id ID` is short for `headrace backup create ...`."""
 

@@ -67,7 +67,7 @@ def common(fn):
 
 @click.group("reservoir")
 def reservoir_group() -> None:
-    """Reservoir page store (seed 000): checkpoints, files, pages."""
+    """The page store after Flowtide's Reservoir: checkpoints, files, pages."""
 
 
 @reservoir_group.command("inspect")

@@ -1,4 +1,5 @@
-"""headrace.persist (seed 004): definite time-varying collections on the object store.
+"""headrace.persist (after Materialize's persist): definite time-varying collections on the
+object store.
 
 See docs/persist.md. Entry point: :class:`PersistClient`.
 """

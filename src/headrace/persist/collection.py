@@ -1,4 +1,5 @@
-"""Collections and renditions (seed 004, "The STORAGE collection structure").
+"""Collections and renditions (Materialize's STORAGE architecture, "The STORAGE collection
+structure").
 
 A collection ``C`` is a metadata shard ``C~meta`` of rows ``(rendition, shards, role)`` where
 role is ``"active"`` or ``"retired"``. At every time exactly one row has role active: the
@@ -12,8 +13,8 @@ happened below it, so the reader emits the current rendition's updates up to it;
 it emits the negated snapshot of the old rendition at t - 1 (exactly what it had emitted) plus the
 snapshot of the new one at t, both at time t. Its output therefore accumulates to rendition 1
 before t and to rendition 2 from t on, never a mixture. It reads under leased readers: one on the
-metadata shard and one on each shard of the rendition it follows (seed 004: readers hold read
-capabilities), so compaction can never take times it still has to read.
+metadata shard and one on each shard of the rendition it follows (as in Materialize: readers hold
+read capabilities), so compaction can never take times it still has to read.
 """
 
 from __future__ import annotations

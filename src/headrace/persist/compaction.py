@@ -2,8 +2,8 @@
 
 Compaction protocol: (1) pick the run of adjacent parts (by lower) with the smallest total size
 that brings the count back to ``max_parts``, never the newest batch's parts (so a replay of the
-last batch can always be compared with what was written: see ``PartMeta.floor``); (2) read them,
-advance times below since to since (clamped into the run's bounds), consolidate per (row, time)
+last batch can always be compared with what was written: see ``PartMeta.floor``); (2) read them
+(an input missing and no longer linked means a concurrent compaction won: give up), advance times below since to since (clamped into the run's bounds), consolidate per (row, time)
 and drop zero diffs; (3) upload the result as a new part under the client's writer lease;
 (4) CAS: if every input part is still linked and the writer still registered, replace them with
 the new part, else give up; (5) delete the inputs. A reader that fetched the older state and meets
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.errors import InvalidInput
+from headrace.errors import InvalidInput, NotFound
 from headrace.persist import parts as P
 from headrace.persist.handles import read_parts_parallel
 from headrace.persist.machine import drop_expired
@@ -84,7 +84,12 @@ def compact(client, shard: str, *, max_parts: int = 8) -> CompactionResult:
     if not run:
         return CompactionResult()
     lower, upper = min(p.lower for p in run), max(p.upper for p in run)
-    tables = read_parts_parallel(client.store, run)
+    try:
+        tables = read_parts_parallel(client.store, run)
+    except NotFound as e:
+        if any(p.key == e.key for p in machine.fetch().parts):
+            raise  # still linked: the part is lost, not compacted
+        return CompactionResult()  # a concurrent compaction replaced (and deleted) our input
     cols = P.schema_from_text(state.schema).names + [P.TIME, P.DIFF] if state.schema else None
     merged = pa.concat_tables([t.select(cols) if cols else t for t in tables])
     floor = min(state.since, upper - 1)

@@ -34,9 +34,9 @@ class SinceViolation(HeadraceError):
 
 
 class DefinitenessViolation(HeadraceError):
-    """Different data for times the shard already holds (seed 004: writers of a shard must be
-    definite). A replay of the same updates is not this; ``differing`` counts the (row, time)
-    groups whose diffs disagree."""
+    """Different data for times the shard already holds (Materialize's persist: writers of a
+    shard must be definite). A replay of the same updates is not this; ``differing`` counts the
+    (row, time) groups whose diffs disagree."""
 
     def __init__(self, shard: str, lower: int, upper: int | None, differing: int,
                  detail: str = ""):

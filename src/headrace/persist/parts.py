@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from headrace.codec import crc32, new_ulid
+from headrace.codec import crc32
 from headrace.errors import AlreadyExists, ChecksumMismatch, FormatError, InvalidInput, StoreError
 from headrace.persist.state import PartMeta
 from headrace.retry import RetryPolicy
@@ -71,10 +71,6 @@ def data_schema(updates: pa.Table) -> pa.Schema:
     return pa.schema([updates.schema.field(n) for n in data_columns(updates.schema)])
 
 
-def part_key(root: str, shard: str) -> str:
-    return f"{root}/{shard}/parts/{new_ulid()}.parquet"
-
-
 def encode_part(table: pa.Table) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink, **PARQUET_OPTIONS)
@@ -108,14 +104,6 @@ def delete_quietly(store: ObjectStore, keys: list[str]) -> None:
         store.delete_many(keys)
     except StoreError as e:
         log.info("could not delete %d unreferenced blobs now (the sweep will): %s", len(keys), e)
-
-
-def write_part(store: ObjectStore, root: str, shard: str, table: pa.Table, lower: int,
-               upper: int, time_override: int | None = None) -> PartMeta:
-    data = encode_part(table)
-    key = part_key(root, shard)
-    put_new_blob(store, key, data)
-    return PartMeta(key, lower, upper, table.num_rows, len(data), crc32(data), time_override)
 
 
 def read_part(store: ObjectStore, part: PartMeta) -> pa.Table:

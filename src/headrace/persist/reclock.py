@@ -1,4 +1,4 @@
-"""Reclocking and the source-ingestion recipe of seed 004.
+"""Reclocking and Materialize's source-ingestion recipe.
 
 A remap shard binds source addresses to times: rows ``(source: string, address: int64)`` whose
 snapshot at time t is, per source, the address frontier that is available at t — every message with

@@ -26,6 +26,8 @@ from headrace.pipeline.errors import (
     BadEntry,
     ColumnarEntryError,
     GraphChanged,
+    ImpossibleRetraction,
+    NegativeMultiplicity,
     NotDirect,
     PipelineError,
     RangeGone,
@@ -57,5 +59,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["ArithmeticOverflow", "BadEntry", "ColumnarEntryError", "Frame", "GraphChanged",
-           "NotDirect", "Pipeline", "PipelineError", "PipelineQuery", "RangeGone",
+           "ImpossibleRetraction", "NegativeMultiplicity", "NotDirect", "Pipeline", "PipelineError", "PipelineQuery", "RangeGone",
            "RescaleError", "StreamCheckpointLost", "StreamIngestError", "columnar"]

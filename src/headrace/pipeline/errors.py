@@ -51,6 +51,33 @@ class ArithmeticOverflow(HeadraceError, ArithmeticError):
     Raised before the kernel writes any state, so the batch can fail without losing anything."""
 
 
+class NegativeMultiplicity(HeadraceError, ValueError):
+    """The batch would leave a multiplicity in the kernel's state below zero — a retraction of
+    a row that was never inserted, which Spark SQL cannot express. Raised before the kernel
+    writes any state (like ArithmeticOverflow), so the task can leave its state unwritten.
+
+    ``keys``: every offending key, encoded as the kernel's input rows are bucketed (its
+    ``bucket_columns``, normalised: ``rowkeys.RowCodec(schema, columns, normalize=True)``), so
+    the driver can find the entries of the batch that carry it (driver/negative.py);
+    ``what``: the first one, in words."""
+
+    def __init__(self, what: str, keys: list[bytes]):
+        super().__init__(what)
+        self.what = what
+        self.keys = list(dict.fromkeys(keys))
+
+
+class ImpossibleRetraction(BadEntry):
+    """A queue entry retracts a row that was never inserted (on_bad_entry="fail"); names the
+    entry (queue, sequence, index), the operator that saw it and the key."""
+
+    def __init__(self, message: str, *, queue: str | None = None, sequence: int | None = None,
+                 index: int | None = None, operator: str | None = None, key=None):
+        super().__init__(message)
+        self.queue, self.sequence, self.index = queue, sequence, index
+        self.operator, self.key = operator, key
+
+
 class ColumnarEntryError(InvalidInput):
     """A columnar entry that does not decode: ``table`` / ``field`` name what was wrong where
     known (None otherwise), ``reason`` says what."""

@@ -1,6 +1,6 @@
 """headrace.reservoir: stream state as pages packed into immutable files on an object store.
 
-Seed 000 (Flowtide "Reservoir"): data files, incremental and snapshot checkpoints, a registry,
+After Flowtide's "Reservoir" design: data files, incremental and snapshot checkpoints, a registry,
 data+checkpoint bundles, CRC32 per page / CRC64 per file, an in-flight buffer, a local disk cache,
 compaction and stream versions. See docs/reservoir.md.
 """

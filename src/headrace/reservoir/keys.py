@@ -16,18 +16,15 @@ writer's object for the same version lands beside it, never on it. Legacy names 
 
 File ids: driver files have 62 random bits (bit 62 clear), task files (PageRunWriter) bit 62 set
 and 62 random bits; both are uploaded with Create, so two writers never share a data file. A
-bundle's id is ``1 << 63 | checkpoint_version`` as in the seed.
+bundle's id is ``1 << 63 | checkpoint_version`` as in Flowtide's Reservoir.
 """
 
 from __future__ import annotations
 
 import re
 
-from headrace.errors import FormatError
-
 BUNDLE_BIT = 1 << 63
 RUN_BIT = 1 << 62
-COUNTER_LIMIT = RUN_BIT
 _CKPT_NAME = re.compile(r"^(\d{20})(?:-([0-9a-f]{16}))?\.(checkpoint|snapshot\.checkpoint|bundle)$")
 _DATA_NAME = re.compile(r"^([0-9a-f]{16})\.dat$")
 
@@ -38,10 +35,6 @@ def stream_prefix(stream: str, version: str | None) -> str:
 
 def version_marker_prefix(stream: str) -> str:
     return f"{stream}/versions/"
-
-
-def is_bundle_id(file_id: int) -> bool:
-    return bool(file_id & BUNDLE_BIT)
 
 
 def bundle_id(checkpoint_version: int) -> int:
@@ -82,9 +75,3 @@ def parse_checkpoint_name(key: str) -> tuple[int, bool, bool] | None:
 def parse_data_name(key: str) -> int | None:
     m = _DATA_NAME.match(key.rsplit("/", 1)[-1])
     return int(m.group(1), 16) if m else None
-
-
-def check_file_id(file_id: int, *, key: str | None, offset: int | None) -> int:
-    if file_id == 0:
-        raise FormatError(key, offset, "file id 0 is not a valid file id")
-    return file_id

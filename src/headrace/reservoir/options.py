@@ -1,4 +1,4 @@
-"""ReservoirOptions: the seed's tunables with its defaults, validated on construction."""
+"""ReservoirOptions: Flowtide Reservoir's tunables with its defaults, validated on construction."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ MAX_FILE_SIZE_LIMIT = (1 << 32) - 1  # page offsets in a data file are u32
 
 @dataclass(frozen=True)
 class ReservoirOptions:
-    """Tunables of a reservoir; the defaults are the seed's.
+    """Tunables of a reservoir; the defaults are Flowtide Reservoir's.
 
     ``registry`` chooses where the checkpoint registry lives: ``"bundled"`` (inside every
     checkpoint; recovery needs one LIST), ``"file"`` (a separate registry object written after each

@@ -61,11 +61,6 @@ class PageChanges:
                    np.zeros(0, np.uint32), np.zeros(0, np.uint32), np.zeros(0, np.int64))
 
 
-def _empty_pages():
-    return (np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint32),
-            np.zeros(0, np.uint32), np.zeros(0, np.uint32))
-
-
 @dataclass
 class State:
     version: int = 0

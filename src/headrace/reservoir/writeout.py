@@ -1,7 +1,8 @@
 """Writing one checkpoint: bundle or separate files, the CRC chain, the commit PUT, cleanup.
 
-CRC chain (as the seed): the data part's CRC64 goes into the checkpoint's file row for the file;
-the checkpoint section's CRC64 goes into the registry entry; the registry's CRC64 into its footer.
+CRC chain (as in Flowtide's Reservoir): the data part's CRC64 goes into the checkpoint's file
+row for the file; the checkpoint section's CRC64 goes into the registry entry; the registry's
+CRC64 into its footer.
 
 Two writers (docs/reservoir.md): every object a checkpoint writes has a key no other writer can
 write (random data file ids, one Create-only key per version, CRC-named checkpoint objects), so a

@@ -1,4 +1,4 @@
-"""headrace.spine: persistent Z-set state (seed 003, DBSP storage).
+"""headrace.spine: persistent Z-set state (after DBSP's storage design).
 
 Batch (immutable sorted consolidated Z-set, Arrow in memory, mmap'd HRSB file on disk), Spine
 (LSM of batches with background merges and a consolidated view), Cursor, BatchStore

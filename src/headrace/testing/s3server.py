@@ -7,7 +7,6 @@ import socket
 import threading
 import urllib.request
 import uuid
-from contextlib import contextmanager
 
 CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
 
@@ -88,12 +87,3 @@ class MotoS3:
 
     def stop(self) -> None:
         self._server.stop()
-
-
-@contextmanager
-def moto_s3():
-    server = MotoS3()
-    try:
-        yield server
-    finally:
-        server.stop()

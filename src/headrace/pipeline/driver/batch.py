@@ -47,7 +47,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 import pyarrow as pa
@@ -56,6 +56,7 @@ from headrace.codec import new_ulid
 from headrace.errors import AlreadyExists, InvalidInput, NotFound
 from headrace.persist import PersistClient
 from headrace.pipeline.driver.job import range_df, run_stages
+from headrace.pipeline.driver.negative import settle as settle_negative
 from headrace.pipeline.driver.sparklog import offset_log_ends
 from headrace.pipeline.driver.streams import StreamSet
 from headrace.pipeline.encoding import columnar
@@ -347,6 +348,11 @@ class BatchDriver:
         wanted = {s for s, _ in self.outputs()} if shards is None else shards
         if collect is not None:
             result = self.absorb_control(collect(t, prev_version, wanted))
+            if result.negative:  # settled over the queue range, by the per-batch job
+                result = settle_negative(self, self.range_entries(
+                    {q: (self.bindings.get(q, -1), max(ends.get(q, -1), self.bindings.get(q, -1)))
+                     for q in self.queues}), result, state_version=prev_version, t=t,
+                    write_state=True, shards=wanted, watermark=watermark, nodes=nodes)
         else:
             result = self.run_stages(df, prev_version, t=t, write_state=True, shards=wanted,
                                      watermark=watermark, nodes=nodes)
@@ -394,9 +400,11 @@ class BatchDriver:
     # ---- the Spark job of a micro-batch ------------------------------------------------
     def run_stages(self, entries_df, state_version: int | None, *, t: int, write_state: bool,
                    shards: set[str], watermark: int | None = None,
-                   nodes: list[Node] | None = None) -> BatchControl:
+                   nodes: list[Node] | None = None, settle: bool = True) -> BatchControl:
         """Run every operator (or ``nodes``) over the entries in one Spark job; absorb its
-        control rows."""
+        control rows. A kernel's refusal (a retraction of a row never inserted) is settled
+        (negative.py: fail naming the entry, or run again without it) unless ``settle`` is
+        False."""
         ctx = self.task_context(state_version, t, write_state)
         # tasks upload parts under the driver's writer of each shard (registered once, its
         # lease refreshed by every link), so no sweep deletes them before they are linked
@@ -410,7 +418,24 @@ class BatchDriver:
             inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
             dead_letter=self.dead_letter_shard if self.dead_letter_shard in shards else None,
             watermark_us=watermark, decoder=self.decoder(), columns=self._columns)
-        return self.absorb_control(rows)
+        result = self.absorb_control(rows)
+        if result.negative and settle:
+            result = settle_negative(self, entries_df, result, state_version=state_version,
+                                     t=t, write_state=write_state, shards=shards,
+                                     watermark=watermark, nodes=nodes)
+        return result
+
+    def dry_stages(self, entries_df, state_version: int | None, *, t: int,
+                   watermark: int | None, nodes: list[Node]) -> BatchControl:
+        """Run ``nodes`` over the entries writing nothing (no state, no output): the control
+        rows folded, nothing counted (negative.py's dry runs)."""
+        ctx = replace(self.task_context(state_version, t, False), write_outputs=False)
+        return absorb(run_stages(
+            self.spark, nodes, entries_df, ctx, t=t, partitions=self.partitions,
+            buckets=self.buckets, sinks={}, writer_ids={}, persist_root=self.persist.root,
+            inline_max=self.output_inline_max, max_entry_bytes=self.max_entry_bytes,
+            dead_letter=None, watermark_us=watermark, decoder=self.decoder(),
+            columns=self._columns))
 
     def absorb_control(self, rows: pa.Table | None) -> BatchControl:
         """Fold a batch's control rows; count its metrics; refuse it if it had bad entries

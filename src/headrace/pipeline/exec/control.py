@@ -15,7 +15,11 @@ thing the driver collects (docs/pipeline.md, "Where data flows"):
 - ``"bad"``: a pickled summary of bad entries; ``"rows"``: the input count;
 - ``"wm"`` / ``"late"``: event-time maxima and late-row counts (plan/eventtime.py);
 - ``"batch"``: the run prefix a static-plan task ran with; ``"metrics"``: JSON object-store
-  request counts of a task.
+  request counts of a task;
+- ``"negative"``: pickled {"op", "keys", "what"} — the kernel refused the batch's rows of these
+  keys (``NegativeMultiplicity``: a retraction of a row never inserted); their state is left
+  unwritten and their output out, and the driver does not commit the batch as it is
+  (driver/negative.py).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class BatchControl:
     late: int = 0
     task_requests: dict = field(default_factory=lambda: defaultdict(int))
     input_rows: int = 0
+    negative: list = field(default_factory=list)  # {"op", "keys", "what"} per refusal
 
     def first_bad(self) -> str:
         """Where and why the first bad entry (by queue position) was refused."""
@@ -95,6 +100,8 @@ def absorb(rows: pa.Table | None) -> BatchControl:
                 c.wm[got[0]] = max(got[1], c.wm.get(got[0], got[1]))
             elif got is not None:
                 c.late += got[1]
+        elif kind == "negative":
+            c.negative.append(pickle.loads(payload))
         elif kind == "metrics":
             for k, v in json.loads(payload).items():
                 c.task_requests[k] += v

@@ -173,6 +173,14 @@ class Decoder:
                   for node, (keep, cols) in zip(self.sources, self._split, strict=True)}
         return frames, parsed_df.select(*self._checked)
 
+    def located(self, parsed_df) -> dict:
+        """``split``'s frames with each row's entry (ENTRY_COLUMNS) after W: what traces a
+        row back to its entry (negative.py), off the hot path."""
+        from pyspark.sql import functions as F
+
+        return {node.name: parsed_df.filter(keep).select(*cols, *map(F.col, ENTRY_COLUMNS))
+                for node, (keep, cols) in zip(self.sources, self._split, strict=True)}
+
 
 def widen(piece: pa.RecordBatch, columns: pa.Schema) -> pa.RecordBatch:
     """Entries with ENTRY_COLUMNS and the struct columns of their own queue's tables ->

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from headrace.pipeline import operators
 from headrace.pipeline.encoding.ipc import schema_from_bytes, table_to_ipc
-from headrace.pipeline.errors import PipelineError
+from headrace.pipeline.errors import NegativeMultiplicity, PipelineError
 from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows, stage_schema
 from headrace.pipeline.exec.outputs import DIFF, TIME, upload_task_part
 from headrace.pipeline.exec.workers import open_reader, task_store
@@ -92,6 +92,7 @@ class _States:
             store, stream=ctx.stream, run_id=f"{ctx.run_prefix}-p{partition_id}-a{attempt}",
             options=ReservoirOptions(max_file_size=STATE_FILE_BYTES))
         self.new_indexes: dict[str, str] = {}
+        self.refused: list[dict] = []  # NegativeMultiplicity reports (control rows)
 
     def open(self, side: int, bucket: int):
         if not self.local:
@@ -99,6 +100,15 @@ class _States:
         key = bucket_key(self.spec.op, side, bucket)
         return LocalBackupBucketState(self.ctx.local_root, self.store, self.ctx.pipeline,
                                       self.spec.op, side, bucket, self.ctx.indexes.get(key))
+
+    def refuse(self, e: NegativeMultiplicity, opened: list) -> None:
+        """The kernel refused this apply: record why, write none of its state (a reservoir
+        state's changes stay in memory; a local one is closed uncommitted, and the next
+        open restores the committed snapshot)."""
+        self.refused.append({"op": self.spec.op, "keys": e.keys, "what": e.what})
+        if self.local:
+            for st in opened:
+                st.close()
 
     def finish(self, st) -> None:
         if not self.local:
@@ -144,6 +154,8 @@ def run_stage_partition(batches, spec: StageSpec, ctx: TaskContextSpec, partitio
                                             protocol=pickle.HIGHEST_PROTOCOL)))
     if states.new_indexes:
         control.append(("indexes", json.dumps(states.new_indexes).encode()))
+    control += [("negative", pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL))
+                for r in states.refused]
     after = store.counts()
     control.append(("metrics", json.dumps({k: after[k] - before[k] for k in after}).encode()))
     yield control_rows(control, full)
@@ -179,7 +191,11 @@ def _apply_task(kernel: Kernel, routes: RoutesKeys, table: pa.Table,
         router = Router([(keys, buckets[i]) for i, keys in routes.route_keys(deltas)])
     opened = [TaskState({b: states.open(s, b) for b in ids}, router)
               for s in range(kernel.state_sides)]
-    out = kernel.apply(deltas, opened)
+    try:
+        out = kernel.apply(deltas, opened)
+    except NegativeMultiplicity as e:
+        states.refuse(e, opened)
+        return _no_rows(kernel)
     for st in opened:
         states.finish(st)
     return out
@@ -208,7 +224,11 @@ def _apply_per_bucket(kernel: Kernel, table: pa.Table, schemas: list[pa.Schema],
         else:
             deltas = [_columns(rows, schemas[0])]
         opened = [states.open(s, bucket) for s in range(kernel.state_sides)]
-        out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
+        try:
+            out = kernel.apply(deltas, opened) if rows.num_rows or spec.expire is None else None
+        except NegativeMultiplicity as e:
+            states.refuse(e, opened)
+            continue
         if spec.expire is not None and expires is not None:
             below, emit = spec.expire
             final = expires.expire(opened, below, emit)
@@ -217,6 +237,10 @@ def _apply_per_bucket(kernel: Kernel, table: pa.Table, schemas: list[pa.Schema],
             states.finish(st)
         outs.append(out)
     return outs
+
+
+def _no_rows(kernel: Kernel) -> pa.Table:
+    return pa.schema([*kernel.output_schema, pa.field(W, pa.int64())]).empty_table()
 
 
 def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:

@@ -76,6 +76,27 @@ def update(kind: str, j: int, n_limbs: int, col: pa.Array | None, valid: np.ndar
     return olds, new
 
 
+def impossible(kind: str, j: int, n_limbs: int, acc: dict, n: np.ndarray) -> np.ndarray:
+    """Per group: aggregate ``j``'s fields are what no multiset of rows gives — a count below
+    0 or above the group's row count ``n``, infinities or NaNs counted beyond the values, or a
+    sum of no values that is not 0. Only retractions of rows never inserted leave such
+    fields (a group retracted to count 0 while still summing what it never held)."""
+    nn = acc[f"{j}nn"]
+    bad = (nn < 0) | (nn > n)
+    none = nn == 0
+    if kind == "sum_int":
+        for i in range(n_limbs):
+            bad |= none & (acc[f"{j}s{i}"] != 0)
+    elif kind in ("sum_double", "avg"):
+        odd = [acc[f"{j}{s}"] for s in ("pinf", "ninf", "nan")]
+        for c in odd:
+            bad |= c < 0
+        bad |= odd[0] + odd[1] + odd[2] > nn
+        if none.any():  # the limbs of the (few) groups of no value only
+            bad[none] |= np.any(acc[f"{j}limbs"][none] != 0, axis=1)
+    return bad
+
+
 def output(kind: str, j: int, n_limbs: int, acc: dict, t: pa.DataType) -> pa.Array:
     """Aggregate ``j``'s visible value per group (type ``t``); a sum of no values is NULL."""
     nn = acc[f"{j}nn"]

@@ -17,6 +17,13 @@ its bucket):
 
 Output: for each changed group, the old row with weight -1 and the new row with +1 (a group
 whose visible row did not change emits nothing).
+
+A batch that leaves a group's accumulators where no set of rows could put them — count(*)
+below 0, a group of count 0 that still holds a sum or an extreme, a non-NULL count above the
+group's count — or a min/max or distinct value's multiplicity below 0 (checked where the
+kernel reads it) raises NegativeMultiplicity before any state is written: it retracted a row
+that was never inserted. A retraction that keeps every accumulator possible (another row of
+the same group and value) cannot be told apart: only the accumulators are kept.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import pyarrow.compute as pc
 
 from headrace.errors import FormatError, InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
-from headrace.pipeline.errors import ArithmeticOverflow
+from headrace.pipeline.errors import ArithmeticOverflow, NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import accumulators, exactsum
 from headrace.pipeline.operators.deltas import (
@@ -234,6 +241,7 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         new: dict[str, Any] = {"n": old_int("n") + group_sum(gid, w, g)}
         olds: dict[str, Any] = {"n": old_int("n")}
         updates: list[pa.Table] = []
+        below_zero = np.zeros(g, bool)  # a min/max or distinct value's multiplicity
         for j, (a, kind) in enumerate(zip(self.aggs, self.kinds, strict=True)):
             if kind == "count_star":
                 continue
@@ -244,23 +252,36 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             col = as_array(delta[a.columns[0]])
             if kind in ("min", "max"):
                 olds[f"{j}ext"] = as_array(old_acc[f"{j}ext"]).take(take_old)
-                ext, upd = extreme(MULTISET + j.to_bytes(2, "big"), kind, col, valid, w, gid,
-                                   gkeys, olds[f"{j}ext"], state)
+                ext, upd, bad = extreme(MULTISET + j.to_bytes(2, "big"), kind, col, valid, w,
+                                        gid, gkeys, olds[f"{j}ext"], state)
                 new[f"{j}ext"] = ext
                 updates.append(upd)
+                below_zero |= bad
                 continue
             rows_w, rows_gid = w, gid
             if j in self._distinct_codecs:  # the set's changes are the rows to accumulate
-                rows, rows_gid, rows_w, upd = distinct_steps(
+                rows, rows_gid, rows_w, upd, bad = distinct_steps(
                     DISTINCT + j.to_bytes(2, "big"), self._distinct_codecs[j], delta, valid, w,
                     gid, gkeys, state)
                 updates.append(upd)
+                below_zero |= bad
                 col, valid = col.take(pa.array(rows, pa.int64())), np.ones(len(rows), bool)
             o, nw = accumulators.update(kind, j, self.int_limbs.get(j, 0), col, valid, rows_w,
                                         rows_gid, g, old_int, old_limbs)
             olds.update(o)
             new.update(nw)
 
+        # before any state is written: a group no multiset of rows gives (and that was not
+        # so before: state from before this check is left to stand) is a retraction of rows
+        # never inserted
+        bad = self._impossible(new)
+        if bad.any():
+            bad &= ~(has_old & self._impossible(olds))
+        bad |= below_zero
+        if bad.any():
+            raise NegativeMultiplicity(self._describe(new, gkeys, int(np.argmax(bad)),
+                                                      bool(below_zero[np.argmax(bad)])),
+                                       gkeys.filter(pa.array(bad)).to_pylist())
         new_bytes = self.acc_codec.encode(self._acc_table(new))
         changed = ~has_old | ~np.asarray(
             pc.fill_null(pc.equal(new_bytes, old_bytes), False).to_numpy(zero_copy_only=False))
@@ -300,6 +321,46 @@ class AggregateKernel(Kernel, RoutesKeys, Expires, Rebucketable):
 
     def _empty(self) -> pa.Table:
         return pa.schema(list(self.output_schema) + [pa.field(W, pa.int64())]).empty_table()
+
+    def _impossible(self, acc: dict) -> np.ndarray:
+        """Per group: accumulators no multiset of rows gives — a count(*) below 0, a group of
+        count 0 that still holds a value (an extreme, a non-NULL count, a sum), a column's
+        fields out of line with each other (``accumulators.impossible``)."""
+        n = acc["n"]
+        bad = n < 0
+        for j, kind in enumerate(self.kinds):
+            if kind in ("min", "max"):
+                ext = as_array(acc[f"{j}ext"])
+                bad |= (n == 0) & np.asarray(ext.is_valid().to_numpy(zero_copy_only=False),
+                                             bool)
+            elif kind != "count_star":
+                bad |= accumulators.impossible(kind, j, self.int_limbs.get(j, 0), acc, n)
+        return bad
+
+    def _describe(self, acc: dict, gkeys: pa.Array, i: int, below_zero: bool) -> str:
+        """Group ``i``'s impossible accumulators, in words."""
+        group = (self._group.decode(gkeys.slice(i, 1)).to_pylist()[0] if self.by
+                 else "(global)")
+        parts = [f"count(*) would be {int(acc['n'][i])}"]
+        for j, (a, kind) in enumerate(zip(self.aggs, self.kinds, strict=True)):
+            if kind in ("min", "max"):
+                has = as_array(acc[f"{j}ext"]).slice(i, 1).is_valid()[0].as_py()
+                parts.append(f"{a.sql()} {'still holds a value' if has else 'holds none'}")
+            elif kind != "count_star":
+                one = {k: (v[i:i + 1] if isinstance(v, np.ndarray) else v) for k, v in
+                       acc.items()}
+                one[f"{j}nn"] = np.ones(1, np.int64)  # the sum as it stands, counted or not
+                t = self.output_schema.field(len(self.by) + j).type
+                text = f"{a.sql()} over {int(acc[f'{j}nn'][i])} value(s)"
+                if kind != "count":
+                    total = accumulators.output("sum_double" if kind == "avg" else kind, j,
+                                                self.int_limbs.get(j, 0), one,
+                                                pa.float64() if kind == "avg" else t)
+                    text += f" summing to {total[0].as_py()}"
+                parts.append(text)
+        why = ("a value of a min/max or DISTINCT aggregate would be retracted more often than "
+               "inserted" if below_zero else "no set of inserted rows gives that")
+        return f"group {group}: {', '.join(parts)}: {why}"
 
     def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:
         """Event time: drop every group whose encoded group key sorts below ``below`` (its

@@ -69,3 +69,29 @@ def group_sum(ids: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 
 def fill(n: int, value: int) -> np.ndarray:
     return np.full(n, value, np.int64)
+
+
+def pushed_negative(old: pa.Table, delta: pa.Table) -> np.ndarray:
+    """Which rows of ``delta`` (key, val, w; one row per (key, val)) leave their (key, val)'s
+    multiplicity in ``old`` (as ``lookup_many`` returns it: consolidated) below zero — a
+    retraction of what is not there. Only retractions are looked at (the rest cannot make a
+    multiplicity negative), and a row already negative in ``old`` (state from before this
+    check) counts only if the delta lowers it further."""
+    w = np.asarray(as_array(pc.cast(delta["w"], pa.int64())).to_numpy(zero_copy_only=False),
+                   np.int64) if delta.num_rows else np.zeros(0, np.int64)
+    bad = np.zeros(len(w), bool)
+    neg = np.flatnonzero(w < 0)
+    if not len(neg):
+        return bad
+    d = pa.table({"key": as_array(delta["key"]).take(pa.array(neg)),
+                  "val": as_array(delta["val"]).take(pa.array(neg)),
+                  "i": pa.array(neg, pa.int64())})
+    o = pa.table({"key": as_array(old["key"]), "val": as_array(old["val"]),
+                  "ow": pc.cast(as_array(old["w"]), pa.int64())})
+    j = d.join(o, ["key", "val"], join_type="left outer", use_threads=False)
+    j = j.group_by("i", use_threads=False).aggregate([("ow", "sum")])  # min_count 1: NULL
+    i = np.asarray(as_array(j["i"]).to_numpy(zero_copy_only=False), np.int64)
+    ow = np.asarray(as_array(j["ow_sum"]).fill_null(0).to_numpy(zero_copy_only=False),
+                    np.int64)
+    bad[i] = ow + w[i] < 0
+    return bad

@@ -1,7 +1,9 @@
 """DISTINCT with retractions: a row is in the output (weight 1) while its net multiplicity is
-positive. Rows are compared after Spark's normalisation (-0.0 = 0.0, one NaN), and the output
-row is the normalised one, as Spark's DISTINCT (a grouping on every column) returns it.
-State: key = the normalised row encoding, val empty, w = the row's multiplicity."""
+positive; one whose multiplicity would fall below zero (retracted more often than inserted)
+raises NegativeMultiplicity. Rows are compared after Spark's normalisation (-0.0 = 0.0, one
+NaN), and the output row is the normalised one, as Spark's DISTINCT (a grouping on every
+column) returns it. State: key = the normalised row encoding, val empty, w = the row's
+multiplicity."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pyarrow as pa
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators.deltas import align, weights, zset
 from headrace.pipeline.operators.kernel import (
@@ -59,6 +62,12 @@ class DistinctKernel(Kernel, RoutesKeys, Rebucketable):
         ow = np.zeros(d.num_rows, np.int64)
         np.add.at(ow, oid, np.asarray(old["w"].to_numpy(), np.int64))
         nw = ow + np.asarray(d["w"].to_numpy(), np.int64)
+        bad = (nw < 0) & (nw < ow)  # a row retracted more often than it was inserted
+        if bad.any():
+            keys_ = d["key"].filter(pa.array(bad))
+            row = self.codec.decode(keys_.slice(0, 1)).to_pylist()[0]
+            raise NegativeMultiplicity(
+                f"distinct row {row} would occur {int(nw[bad][0])} times", keys_.to_pylist())
         step = (nw > 0).astype(np.int64) - (ow > 0).astype(np.int64)
         state.insert_updates(d)
         keep = step != 0

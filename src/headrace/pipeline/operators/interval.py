@@ -27,6 +27,11 @@ rows are a key prefix of each bucket: one deleted range per side. In update mode
 final row contributed is out already; in append mode (``expire(emit=True)``) it comes out then:
 its row alone if f(m), and its pairs with the other side's rows still in state — a pair comes
 out when the first of its two rows is final (the other is late then: its weight is final too).
+
+A batch that retracts a stored row more often than it was inserted raises NegativeMultiplicity
+before anything is written: a counted side's rows are read anyway; on another side only the
+retracted rows' keys are looked up for it. A row that is never stored (no time, or a NULL key
+on a side that is not padded) cannot be checked.
 """
 
 from __future__ import annotations
@@ -40,8 +45,16 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import W
-from headrace.pipeline.operators.deltas import as_array, consolidate_rows, group_sum, weights, zset
+from headrace.pipeline.operators.deltas import (
+    as_array,
+    consolidate_rows,
+    group_sum,
+    pushed_negative,
+    weights,
+    zset,
+)
 from headrace.pipeline.operators.join import JoinKernel, _check_products
 from headrace.pipeline.operators.kernel import (
     ZSET_SCHEMA,
@@ -204,6 +217,7 @@ class IntervalJoinKernel(JoinKernel):
         d = [self._delta(deltas[s], s) for s in (0, 1)]
         parts = [x.alone for x in d if x.alone is not None]
         zl, zr = d[0].z, d[1].z
+        writes: list[tuple[int, pa.Table]] = []
         if zl.num_rows or zr.num_rows:
             probes = [self._probes(d[0].rows, zl, 0), self._probes(d[1].rows, zr, 1)]
             found = [self._lookup(states[s], probes[1 - s], d[s].z if self.counted[s] else None,
@@ -217,16 +231,20 @@ class IntervalJoinKernel(JoinKernel):
             if not self.semi:
                 parts += [self._pair_rows(p) for p in (new_old, old_new, new_new)]
             for s in (0, 1):
-                if self.counted[s]:
+                if self.counted[s]:  # checks its rows' new weights
                     out, update = self._recount(s, d[s].z, found[s], new_old, old_new, new_new)
                     parts.append(out)
-                    states[s].insert_updates(update)
+                    writes.append((s, update))
                 elif d[s].z.num_rows:
-                    states[s].insert_updates(d[s].z)
+                    self._check_stored(states[s], d[s].z, s, counts=False)
+                    writes.append((s, d[s].z))
         for s in (0, 1):
             nulls = d[s].nulls
             if nulls is not None and nulls.num_rows:
-                states[s].insert_updates(nulls)
+                self._check_stored(states[s], nulls, s, counts=True)
+                writes.append((s, nulls))
+        for s, update in writes:  # every check passed: nothing was written before
+            states[s].insert_updates(update)
         parts = [p for p in parts if p.num_rows]
         if not parts:
             return self._empty()
@@ -357,6 +375,9 @@ class IntervalJoinKernel(JoinKernel):
         first = np.unique(np.concatenate([fid, zid]), return_index=True)[1]
         key_of = pa.concat_arrays([as_array(old["key"]), as_array(z["key"])]).take(
             pa.array(first))
+        bad = (w_new < 0) & (w_new < group_sum(fid, old_w, n))
+        if bad.any():
+            self._refuse(key_of.filter(pa.array(bad)), vals.filter(pa.array(bad)), side)
         live = w_new != 0
         update = pa.concat_tables([
             zset(old["key"], old["raw"], -old_w),
@@ -365,6 +386,26 @@ class IntervalJoinKernel(JoinKernel):
         emit = out_w != 0
         rows = self._codecs(side)[1].decode(vals.filter(pa.array(emit)))
         return (self._alone_rows(rows, side, pa.array(out_w[emit])), consolidate(update))
+
+    def _check_stored(self, state: StateSpine, z: pa.Table, side: int, counts: bool) -> None:
+        """Before entries ``z`` (key, val, w) are added unrecounted: NegativeMultiplicity if
+        one retracts a stored entry more often than it was inserted. Only the retractions'
+        keys are looked up, so a batch without any pays nothing. ``counts``: vals carry m."""
+        neg = z.filter(pc.less(z["w"], 0))
+        if not neg.num_rows:
+            return
+        bad = pushed_negative(state.lookup_many(as_array(pc.unique(neg["key"]))), neg)
+        if bad.any():
+            vals = as_array(neg["val"]).filter(pa.array(bad))
+            self._refuse(as_array(neg["key"]).filter(pa.array(bad)),
+                         _split_counts(vals)[0] if counts else vals, side)
+
+    def _refuse(self, state_keys: pa.Array, rows: pa.Array, side: int) -> None:
+        """Raise NegativeMultiplicity for these entries (state keys: slot + key; rows)."""
+        row = self._codecs(side)[1].decode(rows.slice(0, 1)).to_pylist()[0]
+        raise NegativeMultiplicity(
+            f"{('left', 'right')[side]} interval join row {row} would occur fewer than 0 times",
+            as_array(pc.binary_slice(state_keys, 8, 1 << 30)).to_pylist())
 
     # ---- event time ---------------------------------------------------------------------
     def expire(self, states: Sequence[StateSpine], below: bytes, emit: bool) -> pa.Table:

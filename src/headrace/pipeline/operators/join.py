@@ -12,6 +12,11 @@ matched rows change by dL x R + L x dR + dL x dR; a left row's padded (or semi/a
 present while f(count of right rows with its key) holds (f = "== 0" for padding and anti,
 "> 0" for semi), so it changes by f(cR_new) * (L + dL) - f(cR_old) * L, which retracts the
 padding when the first match arrives and restores it when the last match leaves.
+
+A batch that retracts a stored row more often than it was inserted raises NegativeMultiplicity
+before anything is written (the rows of the batch's keys are read anyway; only retractions are
+compared with them). A row with a NULL key is never stored, so its retraction cannot be checked:
+an outer join passes it on as it is.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators.deltas import (
     align,
     as_array,
     consolidate_rows,
     group_sum,
+    pushed_negative,
     weights,
     zset,
 )
@@ -189,6 +196,8 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
         def count(name: str, t: pa.Table) -> np.ndarray:
             return group_sum(ids[name], np.asarray(t["w"].to_numpy(), np.int64), k)
 
+        self._check_rows(zl, lold, 0)
+        self._check_rows(zr, rold, 1)
         cl_old, cr_old = count("lold", lold), count("rold", rold)
         cl_new, cr_new = cl_old + count("zl", zl), cr_old + count("zr", zr)
         parts = []
@@ -212,6 +221,22 @@ class JoinKernel(Kernel, RoutesKeys, Expires, Rebucketable):
             if rows.num_rows:
                 parts.append(self._rows(None, self.rrow.decode(rows["val"]), rows["w"]))
         return parts
+
+    def _check_rows(self, delta: pa.Table, old: pa.Table, side: int) -> None:
+        """NegativeMultiplicity (nothing written yet) if ``delta`` retracts a stored row of
+        this side more often than it was inserted (a semi/anti join's right side: its key)."""
+        bad = pushed_negative(old, delta)
+        if not bad.any():
+            return
+        keys_ = as_array(delta["key"]).filter(pa.array(bad))
+        i = int(np.argmax(bad))
+        val = as_array(delta["val"])[i].as_py()
+        codec = (self.lrow, self.rrow)[side]
+        what = (codec.decode(pa.array([val], pa.binary())).to_pylist()[0] if val
+                else (self.lkey, self.rkey)[side].decode(keys_.slice(0, 1)).to_pylist()[0])
+        raise NegativeMultiplicity(
+            f"{('left', 'right')[side]} join row {what} would occur fewer than 0 times",
+            keys_.to_pylist())
 
     @staticmethod
     def _flip(old: pa.Table, old_ids: np.ndarray, delta: pa.Table, delta_ids: np.ndarray,

@@ -152,7 +152,9 @@ class Kernel(Protocol):
         A kernel that has output over empty input (a global aggregate: one row of count 0)
         emits it on its first apply, so the runner applies such a kernel (``bucket_columns``
         empty: bucket 0) on the first batch even when its deltas are empty. Raises
-        ArithmeticOverflow (state untouched) where Spark's ANSI mode raises."""
+        ArithmeticOverflow (state untouched) where Spark's ANSI mode raises, and
+        NegativeMultiplicity (state untouched) where the batch would leave a multiplicity
+        below zero."""
         ...
 
 

@@ -26,7 +26,9 @@ def distinct_steps(tag: bytes, codec: keys.RowCodec, delta: pa.Table, valid: np.
     A value is the tuple of ``codec``'s columns, normalised as Spark groups them (-0.0 = 0.0,
     one NaN); a row takes part only where ``valid`` (no argument NULL). Returns (``rows``: one
     delta row index per value that entered or left, ``vgid``: its group id, ``step``: +1
-    entered / -1 left) and the state delta of the multiplicities, keyed ``tag group value``.
+    entered / -1 left), the state delta of the multiplicities, keyed ``tag group value``, and
+    per group whether the delta takes a value's multiplicity below zero (a retraction of a
+    value never inserted).
     """
     rows = np.flatnonzero(valid)
     vk = keys.concat_binary(tag, gkeys.take(pa.array(gid, pa.int64())),
@@ -45,13 +47,17 @@ def distinct_steps(tag: bytes, codec: keys.RowCodec, delta: pa.Table, valid: np.
     step = (old + dw > 0).astype(np.int64) - (old > 0).astype(np.int64)
     upd = zset(uk, pa.array([b""] * len(uk), pa.binary()), dw)
     changed = step != 0
-    return rep[changed], gid[rep[changed]], step[changed], upd
+    bad = np.zeros(len(gkeys), bool)
+    bad[gid[rep[(old + dw < 0) & (dw < 0)]]] = True
+    return rep[changed], gid[rep[changed]], step[changed], upd, bad
 
 
 def extreme(tag: bytes, kind: str, col: pa.Array, valid: np.ndarray, w: np.ndarray,
             gid: np.ndarray, gkeys: pa.Array, old_ext: pa.Array, state: StateSpine):
-    """New min/max (order-preserving bytes) per group and the multiset's state delta; the
-    multiset is read only for groups whose current extreme was retracted."""
+    """New min/max (order-preserving bytes) per group, the multiset's state delta, and per
+    group whether a value's multiplicity went below zero. The multiset is read only for groups
+    whose current extreme was retracted, so only there is that checked (reading it at every
+    retraction would cost a lookup per retracted value)."""
     g = len(gkeys)
     sel = pa.array(valid)
     d = pa.table({"g": pa.array(gid, pa.int64()).filter(sel),
@@ -68,6 +74,7 @@ def extreme(tag: bytes, kind: str, col: pa.Array, valid: np.ndarray, w: np.ndarr
     ext = pc.if_else(pc.or_(pc.is_null(old_ext), pc.fill_null(better, False)), ins, old_ext)
     ext = pc.if_else(pc.is_null(ins), old_ext, ext)
     mkeys = keys.concat_binary(tag, gkeys)
+    bad = np.zeros(g, bool)
     if rescan.any():
         rg = np.flatnonzero(rescan)
         found = state.lookup_many(mkeys.take(pa.array(rg)))
@@ -78,8 +85,11 @@ def extreme(tag: bytes, kind: str, col: pa.Array, valid: np.ndarray, w: np.ndarr
             d.filter(pc.is_in(d["g"], value_set=pa.array(rg, pa.int64())))]))
         fresh = _per_group(merged.filter(pc.greater(merged["w"], 0)), agg, g)
         ext = pc.if_else(pa.array(rescan), fresh, ext)
+        gone = merged.filter(pc.less(merged["w"], 0)).select(["g", "v"]).join(
+            dels.select(["g", "v"]), ["g", "v"], join_type="inner", use_threads=False)
+        bad[np.asarray(gone["g"].to_numpy(), np.int64)] = True
     upd = zset(mkeys.take(d["g"]), d["v"], d["w"].to_numpy())
-    return as_array(ext), upd
+    return as_array(ext), upd, bad
 
 
 def _per_group(t: pa.Table, agg: str, g: int) -> pa.Array:

@@ -31,6 +31,8 @@ on every order key are ordered by their encoding, so ``row_number`` (and first/l
 peers) is deterministic (Spark's order among such ties is not defined); ``rank``/
 ``dense_rank`` are exact either way. Without orderBy only an aggregate over the whole
 partition is accepted (its double sums fold in encoding order; Spark's order is undefined).
+A batch that retracts a row more often than it was inserted raises NegativeMultiplicity before
+anything is written (the touched partitions are read anyway).
 """
 
 from __future__ import annotations
@@ -46,9 +48,16 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
-from headrace.pipeline.errors import ArithmeticOverflow
+from headrace.pipeline.errors import ArithmeticOverflow, NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.operators.deltas import as_array, consolidate_rows, dense_ids, weights, zset
+from headrace.pipeline.operators.deltas import (
+    as_array,
+    consolidate_rows,
+    dense_ids,
+    pushed_negative,
+    weights,
+    zset,
+)
 from headrace.pipeline.operators.kernel import (
     Kernel,
     KeyLayout,
@@ -306,6 +315,12 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
         if d.num_rows == 0:
             return self._empty()
         old = state.lookup_many(as_array(pc.unique(d["key"])))
+        bad = pushed_negative(old, d)
+        if bad.any():  # a row retracted more often than inserted: nothing written yet
+            keys_ = as_array(d["key"]).filter(pa.array(bad))
+            row = self.row_codec.decode(as_array(d["val"]).filter(pa.array(bad)).slice(0, 1))
+            raise NegativeMultiplicity(f"window partition row {row.to_pylist()[0]} would occur "
+                                       "fewer than 0 times", keys_.to_pylist())
         new = consolidate(pa.concat_tables([old, d]))
         out_new = self._evaluate(new)  # raises ArithmeticOverflow before any state change
         out_old = self._evaluate(old)
@@ -320,7 +335,7 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
         """The output rows (input columns + function values, one per copy of a row) of the
         partitions in ``z`` (key, val, w), each partition complete."""
         w = np.asarray(z["w"].to_numpy(), np.int64) if z.num_rows else np.zeros(0, np.int64)
-        keep = w > 0  # a net-negative row (retracted more than inserted) is in no partition
+        keep = w > 0  # a net-negative row (state from before apply checked) is in none
         if not keep.all():
             z, w = z.filter(pa.array(keep)), w[keep]
         total = int(w.sum())

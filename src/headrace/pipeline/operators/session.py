@@ -14,8 +14,9 @@ two sessions, a retraction split one, and both are simply the recomputation. Ses
 formed for all touched keys at once (one sort by key and time; a session breaks where the key
 changes or the time jumps by more than the gap); each session's rows then go, weighted, through
 an :class:`AggregateKernel` on an empty scratch state, so NULLs, exact and overflow-checked
-sums, avg, min/max and count_distinct are the aggregate's, value for value. A row retracted
-more often than inserted is in no session until its insertions catch up.
+sums, avg, min/max and count_distinct are the aggregate's, value for value. A batch that
+retracts a row more often than it was inserted raises NegativeMultiplicity before anything is
+written (the keys' rows are read anyway).
 
 Two state layouts (one spine), fixed by ``expiring``:
 
@@ -24,9 +25,9 @@ Two state layouts (one spine), fixed by ``expiring``:
 - with event time (:class:`SessionKernel`, ``expiring``): everything is keyed by a time, so the
   watermark deletes it as key ranges, unread, like the windows' state (plan/eventtime.py):
   ``00 end key`` -> the rows of the open session (key, end); ``01 end key`` -> w 1 per open
-  session (the index); ``02 t+gap key`` -> rows of net negative weight. A batch scans the
-  index of the bucket's open sessions (one small row each) and the negative rows (normally
-  none), reads the rows of its keys' sessions, and writes the sessions that changed under
+  session (the index); ``02 t+gap key`` -> rows of net negative weight (only in state
+  written before batches were checked for them). A batch scans the index of the bucket's
+  open sessions (one small row each) and the negative rows (normally none), reads the rows of its keys' sessions, and writes the sessions that changed under
   their new end (a session that grew moves: its rows are retracted under the old end, a key
   range the watermark deletes soon after, and written under the new one). Keying the rows by
   key alone left every closed row as a retraction for the LSM's merges to cancel: measured
@@ -51,6 +52,7 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
+from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import exactsum
 from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
@@ -59,6 +61,7 @@ from headrace.pipeline.operators.deltas import (
     consolidate_rows,
     dense_ids,
     fill,
+    pushed_negative,
     weights,
     zset,
 )
@@ -173,6 +176,12 @@ class SessionKernel(Kernel, Expires, Rebucketable):
         if d.num_rows == 0:
             return self._empty()
         old = self._read(state, as_array(pc.unique(d["key"])))
+        bad = pushed_negative(old, d)
+        if bad.any():  # a row retracted more often than inserted: nothing written yet
+            keys_ = as_array(d["key"]).filter(pa.array(bad))
+            row = self.row_codec.decode(as_array(d["val"]).filter(pa.array(bad)).slice(0, 1))
+            raise NegativeMultiplicity(f"session window row {row.to_pylist()[0]} would occur "
+                                       "fewer than 0 times", keys_.to_pylist())
         new = self._sessions(consolidate(pa.concat_tables([old, d])))
         old = self._sessions(old)
         out_new = self._aggregate(new["rows"])  # raises ArithmeticOverflow: state untouched

@@ -1,4 +1,4 @@
-"""The progress shard: the pipeline's commit point (a persist shard, as in Materialize's remap).
+"""The progress shard: the pipeline's commit point (the remap of Materialize's persist).
 
 At time t it holds, as rows (source, address): the last queue sequence consumed for each queue,
 the state version the batch produced (``STATE_KEY``), per ``with_watermark`` the largest event

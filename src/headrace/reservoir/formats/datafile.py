@@ -309,9 +309,3 @@ def parse_index(buf, key: str | None) -> tuple[DataHeader, np.ndarray, np.ndarra
     if len(o) and (o[0] < h.data_offset or o[-1] > end or np.any(o[1:] < o[:-1])):
         raise FormatError(key, h.offsets_offset, "page offsets not increasing within the data")
     return h, ids, offsets
-
-
-def data_crc_extent(buf, key: str | None) -> int:
-    """How many leading bytes the file's CRC64 covers (all, or up to a bundle's checkpoint)."""
-    h = parse_header(buf, key)
-    return h.checkpoint_offset if h.is_bundle else len(buf)
