@@ -1,5 +1,5 @@
 """The streaming pipeline engine, in layers; each imports only itself and the layers below it
-(tests/store/test_store_imports.py checks it):
+(tests/test_import_rules.py checks it):
 
 - ``api``: what a user writes — ``Pipeline``, the fluent ``Frame``, the query handle, and the
   planning of Spark expressions (aggregates, window functions, session windows) into nodes.
