@@ -55,13 +55,13 @@ import pyarrow as pa
 from headrace.codec import new_ulid
 from headrace.errors import AlreadyExists, InvalidInput, NotFound
 from headrace.persist import PersistClient
+from headrace.pipeline.driver.absorb import BatchControl, absorb
 from headrace.pipeline.driver.job import range_df, run_stages
 from headrace.pipeline.driver.negative import settle as settle_negative
 from headrace.pipeline.driver.sparklog import offset_log_ends
 from headrace.pipeline.driver.streams import StreamSet
 from headrace.pipeline.encoding import columnar
 from headrace.pipeline.errors import BadEntry, PipelineError, RangeGone
-from headrace.pipeline.exec.control import BatchControl, absorb
 from headrace.pipeline.exec.decode import DEAD_LETTER_SCHEMA, ENTRY_COLUMNS, Decoder, widen
 from headrace.pipeline.exec.outputs import OutputCollector
 from headrace.pipeline.exec.tasks import TaskContextSpec

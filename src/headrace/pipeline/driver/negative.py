@@ -40,11 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headrace.pipeline.driver.absorb import BatchControl
 from headrace.pipeline.driver.job import range_batches
 from headrace.pipeline.encoding import rowkeys
 from headrace.pipeline.encoding.ipc import table_to_ipc
 from headrace.pipeline.errors import ImpossibleRetraction, PipelineError
-from headrace.pipeline.exec.control import BatchControl
 from headrace.pipeline.exec.decode import DEAD_LETTER_SCHEMA, Decoder
 from headrace.pipeline.exec.queue_source import read_batches
 from headrace.pipeline.names import PREFIX, W

@@ -30,7 +30,6 @@ from headrace.pipeline.encoding import columnar
 from headrace.pipeline.encoding.ipc import schema_from_bytes, table_to_ipc
 from headrace.pipeline.encoding.types import spark_ddl
 from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows
-from headrace.pipeline.exec.outputs import upload_task_part
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.plan.nodes import SourceTable
 
@@ -304,6 +303,8 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
             if part.nbytes <= inline_max:
                 control.append(("out", pickle.dumps((dead_letter, table_to_ipc(part)))))
             else:
+                from headrace.pipeline.exec.outputs import upload_task_part  # on first use
+
                 meta = upload_task_part(url, dead_letter, writer_id, part, persist_root)
                 control.append(("part", pickle.dumps((dead_letter, meta))))
         yield control_rows(control, CONTROL_SCHEMA)

@@ -5,7 +5,9 @@ two-input operator, ``SIDE``. Output: rows of the stage schema (control.py) — 
 ``PAYLOAD``, then the operator's output columns and ``W``: data rows (the output delta, kept on
 the executors for the next operator) and the few control rows the driver collects.
 
-Specs travel to executors by pickling, so they hold only plain values (schemas as IPC).
+Specs travel to executors by pickling, so they hold only plain values (schemas as IPC). The
+state, the reservoir's writer and the output parts are imported where a task first needs them
+(exec/workers.py says why).
 """
 
 from __future__ import annotations
@@ -22,14 +24,9 @@ from headrace.pipeline import operators
 from headrace.pipeline.encoding.ipc import schema_from_bytes, table_to_ipc
 from headrace.pipeline.errors import NegativeMultiplicity, PipelineError
 from headrace.pipeline.exec.control import CONTROL_SCHEMA, control_rows, stage_schema
-from headrace.pipeline.exec.outputs import DIFF, TIME, upload_task_part
 from headrace.pipeline.exec.workers import open_reader, task_store
 from headrace.pipeline.names import BUCKET, SIDE, W
 from headrace.pipeline.operators.kernel import Expires, Kernel, RoutesKeys
-from headrace.pipeline.state import BucketLSM
-from headrace.pipeline.state.local_backup import LocalBackupBucketState, bucket_key
-from headrace.pipeline.state.task import Router, TaskState
-from headrace.reservoir import PageRunWriter, ReservoirOptions
 
 INLINE_MAX = 256 * 1024  # an output part smaller than this goes to the driver, not to a PUT
 STATE_FILE_BYTES = 16 << 20  # a task uploads its own state file past this; less goes inline
@@ -84,6 +81,8 @@ class _States:
 
     def __init__(self, spec: StageSpec, ctx: TaskContextSpec, store, partition_id: int,
                  attempt: int):
+        from headrace.reservoir import PageRunWriter, ReservoirOptions  # on first use
+
         self.spec, self.ctx, self.store = spec, ctx, store
         self.local = ctx.backend == "local+backup"
         self.reader = None if self.local else open_reader(ctx.url, ctx.stream,
@@ -96,7 +95,11 @@ class _States:
 
     def open(self, side: int, bucket: int):
         if not self.local:
+            from headrace.pipeline.state import BucketLSM  # on first use
+
             return BucketLSM(self.reader, self.spec.op, side, bucket, shared_cache=True)
+        from headrace.pipeline.state.local_backup import LocalBackupBucketState, bucket_key
+
         key = bucket_key(self.spec.op, side, bucket)
         return LocalBackupBucketState(self.ctx.local_root, self.store, self.ctx.pipeline,
                                       self.spec.op, side, bucket, self.ctx.indexes.get(key))
@@ -178,6 +181,8 @@ def _apply_task(kernel: Kernel, routes: RoutesKeys, table: pa.Table,
     """The kernel once over all of the task's buckets: per state side a TaskState routes each
     state key to the bucket its delta row names (``routes``: the kernel, as RoutesKeys;
     state/task.py)."""
+    from headrace.pipeline.state.task import Router, TaskState  # on first use
+
     if len(schemas) == 2:
         sides = [table.filter(pc.equal(table[SIDE], i)) for i in range(2)]
         deltas = [_columns(rows, schemas[i]) for i, rows in enumerate(sides)]
@@ -245,6 +250,8 @@ def _no_rows(kernel: Kernel) -> pa.Table:
 
 def _outputs(out: pa.Table, spec: StageSpec, store) -> list[tuple[str, bytes]]:
     """Each sink's share of this task's output: uploaded as a part, or inline when small."""
+    from headrace.pipeline.exec.outputs import DIFF, TIME, upload_task_part  # on first use
+
     if not spec.sinks or out.num_rows == 0:
         return []
     names = [n for n in out.column_names if n != W]

@@ -7,6 +7,11 @@ micro-batch's reader is built on the previous one (``ReservoirReader.at``): one 
 object read per batch, the same cache. Cache folders of worker processes that have exited are
 removed when a worker opens its first reader (Spark replaces workers; their folders would
 otherwise pile up in the temp dir).
+
+A Python worker imports what a task needs when it first needs it (the reservoir here, the state
+and the output parts in tasks.py, one kernel kind in operators.build): a worker that only reads
+the queue or runs a stateless stage never pays for the rest, and a restart's cold workers start
+sooner.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from headrace.reservoir import ReservoirOptions, ReservoirReader
 from headrace.store import CountingStore, open_store
 
 _lock = threading.Lock()
@@ -37,6 +41,8 @@ def task_store(url: str) -> CountingStore:
 def open_reader(url: str, stream: str, version: int | None, cache_dir: str | None):
     """A ReservoirReader for (url, stream, version), cached per process; None before the first
     state version exists."""
+    from headrace.reservoir import ReservoirReader  # on first use: see the module's note
+
     if version is None:
         return None
     key = (url, stream, version)
@@ -69,6 +75,8 @@ def reader_options():
     GETs. Where ``spark.executor.pyspark.memory`` caps the worker's address space the cache
     reads its files with pread instead of mapping them (reservoir/cache.py), so it takes none
     of the cap: capped workers keep the whole default cache."""
+    from headrace.reservoir import ReservoirOptions  # on first use: see the module's note
+
     mb = int(os.environ.get("HEADRACE_STATE_CACHE_MB") or 10 << 10)
     return ReservoirOptions(max_cache_size_bytes=mb << 20,
                             max_file_size=min(ReservoirOptions().max_file_size, mb << 20))
