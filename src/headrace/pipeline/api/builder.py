@@ -24,6 +24,7 @@ from headrace.pipeline.plan.nodes import (
     Sink,
     SourceTable,
     Union,
+    check_missing_fields,
     fingerprint,
     make_operator,
 )
@@ -80,8 +81,10 @@ class QueueTables:
     def __init__(self, pipeline, queue: str):
         self.pipeline, self.queue = pipeline, queue
 
-    def table(self, name: str, schema: str | pa.Schema) -> Frame:
-        return self.pipeline.read_queue(self.queue, {name: schema})[name]
+    def table(self, name: str, schema: str | pa.Schema, *,
+              missing_fields: str | None = None) -> Frame:
+        return self.pipeline.read_queue(self.queue, {name: schema},
+                                        missing_fields=missing_fields)[name]
 
 
 class PipelineBuilder:
@@ -94,14 +97,21 @@ class PipelineBuilder:
     streams: list  # driver.streams.StreamIngest, one per read_stream
     buckets: int
     state_backend: str
+    missing_fields: str = "bad"  # read_queue's default (Pipeline sets it)
 
     # ---- sources ----------------------------------------------------------------------
-    def read_queue(self, queue: str, tables: dict[str, str | pa.Schema] | None = None):
+    def read_queue(self, queue: str, tables: dict[str, str | pa.Schema] | None = None, *,
+                   missing_fields: str | None = None):
         """Entries of ``queue`` are JSON objects ``{"table": T, "w": ±n, <columns>}``.
         Returns {table: Frame}; without ``tables``, an object whose ``.table(name, schema)``
-        adds one table at a time."""
+        adds one table at a time. ``missing_fields`` (these tables; default: the pipeline's):
+        an entry that omits a column is a bad entry (``"bad"``) or reads it as NULL
+        (``"null"``, as Spark's ``from_json`` does); an entry without ``table`` is always bad."""
         if tables is None:
             return QueueTables(self, queue)
+        missing = check_missing_fields(
+            self.missing_fields if missing_fields is None else missing_fields,
+            f"read_queue({queue!r})")
         schemas = {}
         for table, spec in tables.items():  # every check before anything is added
             schema = parse_schema(spec, f"table {table!r}")
@@ -117,7 +127,8 @@ class PipelineBuilder:
             self.queues.append(queue)
         out = {}
         for table, schema in schemas.items():
-            node = SourceTable(name=f"{queue}.{table}", schema=schema, queue=queue, table=table)
+            node = SourceTable(name=f"{queue}.{table}", schema=schema, queue=queue, table=table,
+                               missing_fields=missing)
             self.nodes.append(node)
             out[table] = Frame(self, node)
         return out
@@ -246,6 +257,14 @@ class PipelineBuilder:
                 expiry = {"columns": [lk[0], rk[0]], "offsets_us": [offset, offset]}
                 times = {lk[0]: offset, rk[0]: offset}
         params.update({"on": lk} if on is not None else {"left_on": lk, "right_on": rk})
+        # a semi or anti join keeps a name both inputs have: the two travel in one Spark
+        # DataFrame, one column per name, which would coerce one side to the other's type
+        for c in [c for c in left.schema.names
+                  if c in right.schema.names and not (c in lk and c in rk)]:
+            lt, rt = left.schema.field(c).type, right.schema.field(c).type
+            if lt != rt:
+                raise InvalidInput(f"join: column {c!r} is {lt} on the left and {rt} on the "
+                                   "right; rename or cast one side first")
         node = self._add("join", name or self._auto_name("join"), [left, right], params)
         self._set_expiry(node, expiry, times)
         out = Frame(self, node)

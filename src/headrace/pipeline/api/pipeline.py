@@ -20,6 +20,7 @@ from headrace.pipeline.driver.batch import BatchDriver
 from headrace.pipeline.exec.decode import MAX_ENTRY_BYTES
 from headrace.pipeline.exec.tasks import INLINE_MAX
 from headrace.pipeline.plan.evolve import STATE_BACKENDS
+from headrace.pipeline.plan.nodes import check_missing_fields
 from headrace.store import CountingStore, open_store
 
 DEFAULT_BUCKETS = 32  # key groups: the most tasks a stage can use; ~3M keys each at 100M
@@ -86,7 +87,7 @@ class Pipeline(PipelineBuilder):
                  batches_per_trigger: int | None = None, local_root: str | None = None,
                  on_bad_entry: str = "fail", max_entry_bytes: int = MAX_ENTRY_BYTES,
                  output_inline_max: int = INLINE_MAX, retain_batches: int = 0,
-                 static_plan: bool = True):
+                 static_plan: bool = True, missing_fields: str = "bad"):
         if not 1 <= buckets <= 65535:
             raise InvalidInput(f"buckets must be in [1, 65535], got {buckets}")
         if partitions is not None and not 1 <= partitions <= 65535:
@@ -100,6 +101,8 @@ class Pipeline(PipelineBuilder):
         if state_backend not in STATE_BACKENDS:
             raise InvalidInput(f"state_backend must be 'reservoir' or 'local+backup', "
                                f"got {state_backend!r}")
+        # read_queue's default: a JSON entry that omits a column is bad, or the column NULL
+        self.missing_fields = check_missing_fields(missing_fields, "Pipeline")
         # Spark's workers may run in another directory: a local root must be absolute
         root = root if "://" in root else os.path.abspath(root)
         self.driver = BatchDriver(

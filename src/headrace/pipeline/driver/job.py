@@ -63,7 +63,8 @@ def run_stages(spark, nodes: list[Node], entries_df, ctx: TaskContextSpec, *, t:
         {(s.queue, s.table): schema_to_bytes(s.schema) for s in decoder.sources},
         max_entry_bytes,
         dead_letter,
-        writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max),
+        writer_ids.get(dead_letter), ctx.url, persist_root, t, inline_max,
+        decoder.missing_null),
         spark_ddl(CONTROL_SCHEMA))]
     try:
         for node in nodes:

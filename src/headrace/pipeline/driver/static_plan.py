@@ -132,7 +132,7 @@ def build(d: BatchDriver, ops: list[Operator], entries_df):
     if maps:  # a step may drop any row: the entries are checked before, counted aside
         table = reads[0].schema
         rows = rows.mapInArrow(checked_task(queue, tables, d.max_entry_bytes, table,
-                                            entries_accumulator(d)),
+                                            entries_accumulator(d), decoder.missing_null),
                                spark_ddl(table) + f", `{W}` long")
         for m in maps:
             rows = m.apply(rows)
@@ -153,7 +153,7 @@ def build(d: BatchDriver, ops: list[Operator], entries_df):
         elif maps:
             task = stepped_task(out)
         else:
-            task = entries_task(queue, tables, d.max_entry_bytes, out)
+            task = entries_task(queue, tables, d.max_entry_bytes, out, decoder.missing_null)
         rows = rows.mapInArrow(task, spark_ddl(out))
     return rows
 

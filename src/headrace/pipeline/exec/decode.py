@@ -4,8 +4,10 @@ An entry is a JSON object ``{"table": T, "w": ±n, <the table's columns>}`` (``w
 1), or a columnar entry (columnar.py: an Arrow record batch of one table's rows) that the queue
 source has already turned into typed rows — their table's struct column ``{PREFIX}c{i}`` is set
 and ``entry`` is NULL, and no parse runs. A JSON entry is *bad* when it is larger than
-``max_entry_bytes``, not a JSON object, names no known table, lacks one of its table's columns,
-holds a value of the wrong type (Spark's JSON parser flags it: the value is never turned into
+``max_entry_bytes``, not a JSON object, names no known table (a missing ``table`` field names
+none), lacks one of its table's columns (unless the table reads missing fields as NULL:
+``missing_fields="null"``; an explicit ``null`` is NULL either way), holds a value of the wrong
+type (Spark's ``from_json`` with the table's own schema flags it: the value is never turned into
 NULL silently), or has a weight that is 0 or not an integer; a columnar entry is bad when it
 does not decode (it then reaches the decoder as a plain entry). Good rows flow to the operators.
 Every entry also passes :func:`entries_task`, as a row of nulls unless it is bad (so the task
@@ -43,6 +45,9 @@ DEAD_LETTER_SCHEMA = pa.schema([("queue", pa.string()), ("sequence", pa.int64())
 ENTRY_COLUMNS = ("queue", "sequence", "index", "entry")  # a micro-batch's input rows
 ENTRY_DDL = "queue string, sequence long, index int, entry binary"
 EXAMPLES = 5  # bad entries described in full per task (fail mode)
+_PERMISSIVE = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+# the strings Spark's JSON parser reads as a float or double (allowNonNumericNumbers)
+_NON_NUMERIC = {"NaN", "Infinity", "+Infinity", "-Infinity", "+INF", "-INF"}
 
 
 class Decoder:
@@ -50,9 +55,10 @@ class Decoder:
     pipeline: building them costs hundreds of Python<->JVM calls, and Columns are unresolved
     expressions that apply to every batch's DataFrame alike.
 
-    ``parse`` runs one projection over the entries — each entry's JSON is parsed once, into the
-    struct of its own table (``when``: the other tables' structs stay NULL) — and its result is
-    what the job persists; ``split`` then only filters and selects that persisted data."""
+    ``parse`` runs one projection over the entries — each entry's JSON is parsed once (twice for
+    a table with a column another table declares with another type), into the struct of its
+    own table (``when``: the other tables' structs stay NULL) — and its result is what the job
+    persists; ``split`` then only filters and selects that persisted data."""
 
     def __init__(self, sources: list[SourceTable], max_entry_bytes: int = MAX_ENTRY_BYTES):
         from pyspark.sql import functions as F
@@ -62,30 +68,41 @@ class Decoder:
         self.columns = columnar.struct_columns(
             [(f"{PREFIX}c{i}", n.table, n.schema) for i, n in enumerate(self.sources)])
         self.entry_columns = [*ENTRY_COLUMNS, *self.columns.names]
+        # the (queue, table)s whose entries may omit columns (read as NULL)
+        self.missing_null = frozenset((n.queue, n.table) for n in self.sources
+                                      if n.missing_fields == "null")
         text = F.col("entry").cast("string")
         fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
-        union = _union_ddl(self.sources)
-        # one parse per entry: every table's columns, the envelope and the corrupt marker in one
-        # struct (UNION, computed in a projection of its own so Spark evaluates it once); an
-        # entry that parse refuses — a value of the wrong type in *any* table's column, or no
-        # JSON object — is parsed again as the one table it names, exactly as before
+        shared = _union_columns(self.sources)
+        # one parse per entry: the envelope, the corrupt marker and every column the tables can
+        # share (UNION, computed in a projection of its own so Spark evaluates it once). A name
+        # two tables declare with different types is no column of it (one JSON field cannot be
+        # parsed as two types): its tables' entries are parsed again as their own table. So are
+        # entries the union refuses (a value of the wrong type in *any* table's column, or no
+        # JSON object), named by their table field as Spark's JSON parser reads it (a second
+        # parser, e.g. get_json_object's, would refuse entries from_json accepts: NaN, ...)
         u = F.col(f"`{UNION}`")
         ok = u.isNotNull() & u[CORRUPT].isNull()
-        tag = F.get_json_object(text, "$.table")  # evaluated only where ``ok`` is false
-        self._union = (F.when(fits, F.from_json(text, union, {
-            "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias(UNION)
-            if union else None)
+        self._union = F.when(fits, F.from_json(text, _union_ddl(shared), _PERMISSIVE)
+                             ).alias(UNION)
+        tag = F.when(ok, u["table"]).otherwise(
+            F.from_json(text, "`table` string")["table"])
         self._parsed = [F.col(c) for c in ENTRY_COLUMNS]
         plain = F.col("entry").isNotNull()  # a JSON entry (or one that did not decode)
+        # the entry's field names (explicit nulls included), only read where a table that reads
+        # a missing field as bad has a NULL column: json_object_keys skips the values (cheap)
+        # but its parser refuses what from_json accepts (NaN, ...); then from_json lists them
+        keys = F.coalesce(F.json_object_keys(text),
+                          F.map_keys(F.from_json(text, "map<string,string>")))
         self._split = []
         self._raw = []  # per source: (its struct column, keep, weight) — for ``tagged``
         for i, node in enumerate(self.sources):
             ddl = spark_ddl(node.schema) + f", `table` string, `w` long, `{CORRUPT}` string"
+            own = F.from_json(text, ddl, _PERMISSIVE)
             named = tag == F.lit(node.table)
-            own = F.from_json(text, ddl, {"mode": "PERMISSIVE",
-                                          "columnNameOfCorruptRecord": CORRUPT})
-            if union:  # the table's columns out of the one parse; its own parse where refused
-                named = F.when(ok, u["table"] == F.lit(node.table)).otherwise(named)
+            if all(shared.get(c) == t for c, t in zip(node.schema.names, node.schema.types,
+                                                       strict=True)):
+                # the table's columns out of the one parse; its own parse where refused
                 own = F.when(ok, F.struct(*[u[c].alias(c) for c in node.schema.names],
                                           u["table"].alias("table"), u["w"].alias("w"),
                                           F.lit(None).cast("string").alias(CORRUPT))
@@ -97,13 +114,14 @@ class Decoder:
                                F.lit(node.table).alias("table"), c[W].alias("w"),
                                F.lit(None).cast("string").alias(CORRUPT))
             self._parsed.append(F.when(c.isNotNull(), decoded).when(mine, own).alias(r))
-            # a NULL column is either an explicit null (fine) or a missing field (bad): only
-            # then are the entry's keys listed (a second parse), so complete rows pay one parse
+            # a NULL column is either an explicit null (fine) or a missing field (bad unless
+            # the table reads missing fields as NULL): only then are the entry's keys listed
             cols = [F.col(f"`{r}`.`{c}`") for c in node.schema.names]
             complete = reduce(lambda a, b: a & b, [c.isNotNull() for c in cols])
-            keys = F.json_object_keys(text)
-            present = F.when(complete | ~plain, F.lit(True)).otherwise(reduce(
-                lambda a, b: a & b, [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
+            present = F.lit(True) if node.missing_fields == "null" else F.when(
+                complete | ~plain, F.lit(True)).otherwise(reduce(
+                    lambda a, b: a & b,
+                    [F.array_contains(keys, F.lit(c)) for c in node.schema.names]))
             weight = F.coalesce(F.col(f"`{r}`.w"), F.lit(1))
             keep = F.coalesce(F.col(f"`{r}`").isNotNull() & F.col(f"`{r}`.`{CORRUPT}`").isNull()
                               & (weight != F.lit(0)) & present, F.lit(False))
@@ -137,8 +155,7 @@ class Decoder:
                    if f.name not in have}
         if missing:
             entries_df = entries_df.withColumns(missing)
-        if self._union is not None:
-            entries_df = entries_df.select(*self.entry_columns, self._union)
+        entries_df = entries_df.select(*self.entry_columns, self._union)
         return entries_df.select(*self._parsed)
 
     def tagged(self, parsed_df, reads: list[SourceTable], side: str, sequence: str, bad: str):
@@ -193,24 +210,31 @@ def widen(piece: pa.RecordBatch, columns: pa.Schema) -> pa.RecordBatch:
                           *[pa.field(f.name, f.type) for f in columns]]))
 
 
-def _union_ddl(sources: list[SourceTable]) -> str | None:
-    """The DDL of one struct that holds every table's columns and the envelope — when the
-    tables agree on the type of every name they share (and no two names differ only in case,
-    which Spark's parser could not tell apart); else None: each table is parsed on its own."""
-    types: dict[str, pa.DataType] = {}
+def _union_columns(sources: list[SourceTable]) -> dict[str, pa.DataType]:
+    """The columns one parse of an entry can hold for every table: each name that every table
+    declaring it declares with one type, and that no other name (nor the envelope's) equals
+    but for case (Spark's parser could not tell those apart)."""
+    types: dict[str, set] = {}
     for node in sources:
         for f in node.schema:
-            if types.setdefault(f.name, f.type) != f.type:
-                return None
-    names = [*types, "table", "w", CORRUPT]
-    if len({n.lower() for n in names}) != len(names):
-        return None
-    return (spark_ddl(pa.schema([pa.field(n, t) for n, t in types.items()]))
-            + f", `table` string, `w` long, `{CORRUPT}` string")
+            types.setdefault(f.name, set()).add(f.type)
+    folded: dict[str, int] = {}
+    for n in [*types, "table", "w", CORRUPT]:
+        folded[n.lower()] = folded.get(n.lower(), 0) + 1
+    return {n: next(iter(ts)) for n, ts in types.items()
+            if len(ts) == 1 and folded[n.lower()] == 1}
 
 
-def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -> tuple:
-    """(table, field, reason) of one bad entry: why the decoder refused it."""
+def _union_ddl(columns: dict[str, pa.DataType]) -> str:
+    """The DDL of the one parse: ``columns`` then the envelope and the corrupt marker."""
+    head = spark_ddl(pa.schema(list(columns.items()))) + ", " if columns else ""
+    return head + f"`table` string, `w` long, `{CORRUPT}` string"
+
+
+def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int,
+             missing_null: frozenset = frozenset()) -> tuple:
+    """(table, field, reason) of one bad entry: why the decoder refused it. ``missing_null``:
+    the tables that read a missing field as NULL."""
     if entry[: len(columnar.MAGIC)] == columnar.MAGIC:
         try:
             table, _ = columnar.decode(entry, tables)
@@ -234,6 +258,8 @@ def describe(entry: bytes, tables: dict[str, pa.Schema], max_entry_bytes: int) -
         return table, "w", f"weight {w!r} is not a non-zero 64-bit integer"
     for f in tables[table]:
         if f.name not in obj:
+            if table in missing_null:
+                continue
             return table, f.name, f"missing column {f.name!r} ({f.type})"
         if not _fits(obj[f.name], f.type):
             return table, f.name, f"value {str(obj[f.name])[:60]!r} is not of type {f.type}"
@@ -248,18 +274,21 @@ def _fits(v, t: pa.DataType) -> bool:
         return (isinstance(v, int) and not isinstance(v, bool)
                 and -2**(bits - 1) <= v < 2**(bits - 1))
     if pa.types.is_floating(t):
-        return isinstance(v, int | float) and not isinstance(v, bool)
+        return (isinstance(v, int | float) and not isinstance(v, bool)) or v in _NON_NUMERIC
     if pa.types.is_boolean(t):
         return isinstance(v, bool)
     return True  # strings: Spark keeps any JSON value's text
 
 
 def bad_summary(rows: pa.Table, schemas: dict[str, dict[str, pa.Schema]],
-                max_entry_bytes: int) -> tuple[dict, list[tuple]]:
+                max_entry_bytes: int, missing_null: frozenset = frozenset()
+                ) -> tuple[dict, list[tuple]]:
     """({"count", "examples"}, (table, field, reason) per row) of bad entries ``rows``
-    (ENTRY_COLUMNS); ``schemas``: queue -> table -> schema."""
+    (ENTRY_COLUMNS); ``schemas``: queue -> table -> schema; ``missing_null``: the (queue,
+    table)s that read a missing field as NULL."""
     entries, queues = rows["entry"].to_pylist(), rows["queue"].to_pylist()
-    described = [describe(e, schemas.get(q, {}), max_entry_bytes)
+    described = [describe(e, schemas.get(q, {}), max_entry_bytes,
+                          frozenset(t for qq, t in missing_null if qq == q))
                  for e, q in zip(entries, queues, strict=True)]
     seqs, idx = rows["sequence"].to_pylist(), rows["index"].to_pylist()
     summary = {"count": rows.num_rows, "examples": [
@@ -270,7 +299,7 @@ def bad_summary(rows: pa.Table, schemas: dict[str, dict[str, pa.Schema]],
 
 def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: str | None,
                  writer_id: str | None, url: str, persist_root: str, time: int,
-                 inline_max: int):
+                 inline_max: int, missing_null: frozenset = frozenset()):
     """mapInArrow function over a partition of :meth:`Decoder.split`'s checked rows: yields
     (KIND, PAYLOAD) control rows — ("rows", entries in the partition), ("bad", summary) and,
     with a dead-letter shard, its part ("part"/"out", like an output)."""
@@ -288,7 +317,7 @@ def entries_task(tables: dict[str, bytes], max_entry_bytes: int, dead_letter: st
         if rows.num_rows == 0:
             yield control_rows([count], CONTROL_SCHEMA)
             return
-        summary, described = bad_summary(rows, schemas, max_entry_bytes)
+        summary, described = bad_summary(rows, schemas, max_entry_bytes, missing_null)
         control = [count, ("bad", pickle.dumps(summary))]
         if dead_letter is not None:
             n = rows.num_rows

@@ -54,9 +54,11 @@ def _table(batches) -> pa.Table | None:
 
 
 def _check_entries(batches, after: int, through: int, queue: str,
-                   tables: dict[str, pa.Schema], max_entry_bytes: int):
+                   tables: dict[str, pa.Schema], max_entry_bytes: int,
+                   missing_null: frozenset):
     """(the rows the first operator's tables keep, entries counted, bad summary or None) of a
-    partition's entries in the batch's range (after, through]."""
+    partition's entries in the batch's range (after, through]; ``missing_null``: the (queue,
+    table)s that read a missing field as NULL."""
     rows = _table(batches)
     if rows is None:
         return None, 0, None
@@ -66,18 +68,18 @@ def _check_entries(batches, after: int, through: int, queue: str,
     bad = rows.filter(rows[BAD + "sequence"].is_valid())
     if bad.num_rows:
         summary, _ = bad_summary(pa.table({c: bad[BAD + c] for c in ENTRY_COLUMNS}),
-                                 {queue: tables}, max_entry_bytes)
+                                 {queue: tables}, max_entry_bytes, missing_null)
     return rows.filter(rows[SIDE].is_valid()), rows.num_rows, summary
 
 
 def entries_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
-                 out: pa.Schema):
+                 out: pa.Schema, missing_null: frozenset):
     """The first operator's task: the batch's entries of this partition in, its stage out."""
 
     def fn(batches):
         tc, (specs, ctx, after, through) = batch_params()
         kept, n, summary = _check_entries(batches, after, through, queue, tables,
-                                          max_entry_bytes)
+                                          max_entry_bytes, missing_null)
         control = [("rows", str(n).encode()), ("batch", ctx.run_prefix.encode())]
         if summary is not None:
             control.append(("bad", pickle.dumps(summary)))
@@ -91,14 +93,14 @@ def entries_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
 
 
 def checked_task(queue: str, tables: dict[str, pa.Schema], max_entry_bytes: int,
-                 table: pa.Schema, acc):
+                 table: pa.Schema, acc, missing_null: frozenset):
     """Before stateless steps: the batch's entries of this partition in; the rows the table
     keeps out (its columns + W); the count and the bad entries to ``acc``."""
 
     def fn(batches):
         _, (_, ctx, after, through) = batch_params()
         kept, n, summary = _check_entries(batches, after, through, queue, tables,
-                                          max_entry_bytes)
+                                          max_entry_bytes, missing_null)
         if kept is not None and kept.num_rows:
             yield from kept.select([*table.names, W]).cast(
                 pa.schema([*table, pa.field(W, pa.int64())])).to_batches()

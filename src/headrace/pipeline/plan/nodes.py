@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from headrace.errors import InvalidInput
 from headrace.pipeline import operators
 from headrace.pipeline.encoding.types import check_names
 from headrace.pipeline.names import W
@@ -37,6 +38,22 @@ class SourceTable(Node):
     # only insertions ever arrive (read_stream's internal queue: the ingest writes weight 1);
     # a queue's entries may carry any weight. Not part of the digests: it follows the queue
     insert_only: bool = False
+    # a JSON entry that omits one of the columns: "bad" (a bad entry) or "null" (the column is
+    # NULL, as Spark's from_json reads it). Not part of the digests: it says which entries are
+    # bad, not what a row means
+    missing_fields: str = "bad"
+
+
+MISSING_FIELDS = ("bad", "null")  # what a JSON entry that omits a column of its table is
+
+
+def check_missing_fields(value, where: str) -> str:
+    """``value`` if it is one of MISSING_FIELDS, else InvalidInput naming it."""
+    if not isinstance(value, str) or value not in MISSING_FIELDS:
+        raise InvalidInput(f"{where}: missing_fields must be 'bad' (an entry that omits a "
+                           f"column is a bad entry) or 'null' (the column is NULL), "
+                           f"got {value!r}")
+    return value
 
 
 @dataclass(eq=False)
