@@ -60,9 +60,11 @@ def test_the_one_parse_holds_the_names_every_table_types_alike():
     assert _union_columns(_tables(a="k long", b="K long")) == {}  # case: parsed per table
     assert _union_columns(_tables(a="k long", b="k long, s string")) == {
         "k": pa.int64(), "s": pa.string()}
-    assert _union_columns(_tables(a="k long, v long", b="k long, v double")) == {
-        "k": pa.int64()}
-    assert _union_columns(_tables(a="k long, Table string")) == {"k": pa.int64()}
+    # a and b type v two ways: each is parsed as itself, only c's columns are in the union
+    assert _union_columns(_tables(a="k long, v long", b="k long, v double")) == {}
+    assert _union_columns(_tables(a="k long, v long", b="k long, v double",
+                                  c="k long, s string")) == {"k": pa.int64(), "s": pa.string()}
+    assert _union_columns(_tables(a="k long, Table string", b="k long")) == {"k": pa.int64()}
 
 
 def test_missing_fields_are_bad_or_null_per_table(spark):

@@ -74,10 +74,11 @@ class Decoder:
         text = F.col("entry").cast("string")
         fits = F.length(F.col("entry")) <= F.lit(max_entry_bytes)
         shared = _union_columns(self.sources)
-        # one parse per entry: the envelope, the corrupt marker and every column the tables can
-        # share (UNION, computed in a projection of its own so Spark evaluates it once). A name
-        # two tables declare with different types is no column of it (one JSON field cannot be
-        # parsed as two types): its tables' entries are parsed again as their own table. So are
+        # one parse per entry: the envelope, the corrupt marker and the columns of the tables
+        # that can share it (UNION, computed in a projection of its own so Spark evaluates it
+        # once). A name two tables declare with different types is no column of it (one JSON
+        # field cannot be parsed as two types): their entries are parsed again as their own
+        # table, named by the union's table field. So are
         # entries the union refuses (a value of the wrong type in *any* table's column, or no
         # JSON object), named by their table field as Spark's JSON parser reads it (a second
         # parser, e.g. get_json_object's, would refuse entries from_json accepts: NaN, ...)
@@ -211,9 +212,11 @@ def widen(piece: pa.RecordBatch, columns: pa.Schema) -> pa.RecordBatch:
 
 
 def _union_columns(sources: list[SourceTable]) -> dict[str, pa.DataType]:
-    """The columns one parse of an entry can hold for every table: each name that every table
-    declaring it declares with one type, and that no other name (nor the envelope's) equals
-    but for case (Spark's parser could not tell those apart)."""
+    """The columns of the one parse of an entry: those of every table whose every column is a
+    name that all tables declaring it type alike, and that no other name (nor the envelope's)
+    equals but for case (Spark's parser could not tell those apart). Any other table is parsed
+    as itself, and its columns stay out: they would only make the one parse refuse more
+    entries and convert values no table takes from it."""
     types: dict[str, set] = {}
     for node in sources:
         for f in node.schema:
@@ -221,8 +224,10 @@ def _union_columns(sources: list[SourceTable]) -> dict[str, pa.DataType]:
     folded: dict[str, int] = {}
     for n in [*types, "table", "w", CORRUPT]:
         folded[n.lower()] = folded.get(n.lower(), 0) + 1
-    return {n: next(iter(ts)) for n, ts in types.items()
-            if len(ts) == 1 and folded[n.lower()] == 1}
+    shared = {n: next(iter(ts)) for n, ts in types.items()
+              if len(ts) == 1 and folded[n.lower()] == 1}
+    return {c: t for node in sources if all(c in shared for c in node.schema.names)
+            for c, t in zip(node.schema.names, node.schema.types, strict=True)}
 
 
 def _union_ddl(columns: dict[str, pa.DataType]) -> str:
