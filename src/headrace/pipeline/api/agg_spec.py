@@ -11,7 +11,7 @@ kernel's output types are checked against Spark's, so the result is Spark's valu
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.encoding.types import arrow_schema, weighted_ddl
+from headrace.pipeline.encoding.types import arrow_schema
 
 _FUNCS = {"count", "sum", "avg", "min", "max"}
 
@@ -62,8 +62,7 @@ def plan_aggregate(frame, by: list[str], aggs: list):
     """(pre-projection (fn, text) or None, kernel params, Spark's output column order)."""
     from pyspark.sql import functions as F
 
-    p = frame.pipeline
-    probe = p.spark.createDataFrame([], weighted_ddl(frame.schema))
+    probe = frame.probe()  # aliased: frame["col"] Columns resolve on it
     try:
         grouped = probe.groupBy(*[F.col(f"`{c}`") for c in by]).agg(*aggs)
     except Exception as e:  # AnalysisException: an unknown column, a bad argument type

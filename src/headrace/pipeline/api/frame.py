@@ -4,8 +4,11 @@ Stateless steps (filter, select, with_column, drop, union, windows) are Spark ex
 to the micro-batch's delta with the weight carried along; stateful ones (group_by().agg, join,
 distinct) are Z-set operator kernels with state in the store. Every step is analysed by Spark on
 an empty DataFrame when it is defined, so an unknown column, a bad expression or a type the
-pipeline cannot carry fails there, never in a micro-batch. Differences from PySpark: a window is
-two columns ``window_start``/``window_end`` instead of a struct, method names are snake_case.
+pipeline cannot carry fails there, never in a micro-batch. Methods are snake_case, with
+PySpark's camelCase names as aliases (``withColumn``, ``groupBy``, ...); ``frame["col"]`` and
+``frame.col`` are Columns as in PySpark. Differences from PySpark (docs/coming-from-spark.md): a
+window is two columns ``window_start``/``window_end`` instead of a struct, ``schema`` is Arrow's
+(``spark_schema`` is Spark's), ``union`` refuses columns in another order.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import pyarrow as pa
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.api.agg_spec import check_types, plan_aggregate
+from headrace.pipeline.api.join_condition import condition_of, equi_keys
 from headrace.pipeline.api.over_spec import plan_over
 from headrace.pipeline.api.session_spec import plan_session
-from headrace.pipeline.encoding.types import weighted_ddl
+from headrace.pipeline.encoding.types import spark_ddl, spark_type, weighted_ddl
 from headrace.pipeline.names import PREFIX, W
-from headrace.pipeline.plan.nodes import Node
+from headrace.pipeline.plan.nodes import Map, Node
 
 _WINDOW = re.compile(r"^Column<'window\((.+), '([^']*)', '([^']*)', '([^']*)'\)'>$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(microseconds?|milliseconds?|seconds?|minutes?|hours?|"
@@ -48,9 +52,15 @@ def _text(c) -> str:
     return c if isinstance(c, str) else str(c)
 
 
+class UnknownColumn(InvalidInput, AttributeError):
+    """``frame.nope``: not a column (an AttributeError too, so ``hasattr`` and copies work)."""
+
+
 class Frame:
     """A pipeline table: the output of a source or an operator, as a stream of weighted
     changes. Build on it like a PySpark DataFrame; nothing runs until ``Pipeline.run``."""
+
+    TAG = f"{PREFIX}f_"  # qualifies frame["col"]: which frame a column belongs to
 
     def __init__(self, pipeline, node: Node):
         self.pipeline = pipeline
@@ -59,7 +69,25 @@ class Frame:
     # ---- what it holds ----------------------------------------------------------------
     @property
     def schema(self) -> pa.Schema:
+        """The columns as an Arrow schema (what the shards and kernels carry; the planning
+        code reads it). PySpark's StructType is :attr:`spark_schema`."""
         return self.node.schema
+
+    @property
+    def spark_schema(self):
+        """The columns as a Spark ``StructType`` (what ``df.schema`` is in PySpark)."""
+        return self.pipeline.spark.createDataFrame([], spark_ddl(self.schema)).schema
+
+    @property
+    def dtypes(self) -> list[tuple[str, str]]:
+        """[(column, Spark type name)], as PySpark's ``df.dtypes``."""
+        return [(f.name, spark_type(f.type, f"column {f.name!r}")) for f in self.schema]
+
+    def printSchema(self) -> None:  # noqa: N802 — PySpark's name
+        """Print the Spark schema tree, as PySpark's ``df.printSchema()``."""
+        print(self.spark_schema.treeString(), end="")
+
+    print_schema = printSchema
 
     @property
     def name(self) -> str:
@@ -73,10 +101,70 @@ class Frame:
         cols = ", ".join(f"{f.name}: {f.type}" for f in self.schema)
         return f"Frame[{self.node.name}]({cols})"
 
+    # ---- columns as PySpark Columns ---------------------------------------------------
+    @property
+    def tag(self) -> str:
+        """The qualifier of this frame's Columns: one per chain of stateless steps (a filter
+        or select keeps its input's columns, as in PySpark), new after a stateful step."""
+        node = self.node
+        while isinstance(node, Map):
+            node = node.source
+        return self.TAG + re.sub(r"\W", "_", node.name)
+
+    def probe(self):
+        """An empty Spark DataFrame of this frame's columns and weight, aliased by its tag:
+        steps and aggregates are analysed on it when they are defined."""
+        return self.pipeline.spark.createDataFrame([], weighted_ddl(self.schema)).alias(self.tag)
+
+    def __getitem__(self, item):
+        """``frame["col"]``: that column (a Column); ``frame[0]`` by position;
+        ``frame[["a", "b"]]`` selects; ``frame[condition]`` filters — as PySpark's ``df[...]``."""
+        from pyspark.sql import Column
+        from pyspark.sql import functions as F
+
+        if isinstance(item, str):
+            if item not in self.columns:
+                raise InvalidInput(f"frame {self.name!r} has no column {item!r}; its columns: "
+                                   f"{self.columns}")
+            return F.col(f"`{self.tag}`.`{item}`")
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not -len(self.columns) <= item < len(self.columns):
+                raise InvalidInput(f"frame {self.name!r} has {len(self.columns)} columns, no "
+                                   f"column {item}")
+            return self[self.columns[item]]
+        if isinstance(item, list | tuple):
+            return self.select(*item)
+        if isinstance(item, Column):
+            return self.filter(item)
+        raise InvalidInput(f"frame[{item!r}]: index by a column name, a position, a list of "
+                           "names or a Column condition")
+
+    def __getattr__(self, name: str):
+        """``frame.price`` = ``frame["price"]``; methods and properties come first (a column
+        named like one, e.g. ``name``, is ``frame["name"]``)."""
+        node = self.__dict__.get("node")
+        if name.startswith("_") or node is None:
+            raise AttributeError(name)
+        if name in node.schema.names:
+            return self[name]
+        raise UnknownColumn(f"frame {node.name!r} has no attribute or column {name!r}; its "
+                            f"columns: {list(node.schema.names)}")
+
     # ---- stateless steps --------------------------------------------------------------
     def _map(self, fn, text: str, *, event_time: str | None = None,
              delay_us: int | None = None, window: tuple[str, int] | None = None) -> Frame:
-        return Frame(self.pipeline, self.pipeline._add_map(self.node, fn, text, event_time,
+        tag, step = self.tag, fn
+        foreign = sorted(set(re.findall(rf"{self.TAG}\w+", text)) - {tag})
+        if foreign:
+            raise InvalidInput(f"{text}: a frame[\"col\"] of frame "
+                               f"{foreign[0][len(self.TAG):]!r} is used on {self.name!r}, which "
+                               "does not come from it by stateless steps; use F.col(\"col\") or "
+                               "this frame's own frame[\"col\"]")
+        if tag in text:  # the step uses frame["col"]: its input answers to the frame's tag
+            def step(df):
+                return fn(df.alias(tag))
+
+        return Frame(self.pipeline, self.pipeline._add_map(self.node, step, text, event_time,
                                                            delay_us, window))
 
     def filter(self, condition) -> Frame:
@@ -98,6 +186,8 @@ class Frame:
         """SQL expressions, as DataFrame.selectExpr."""
         return self._map(lambda df: df.selectExpr(*exprs, f"`{W}`"), f"select_expr {exprs}")
 
+    selectExpr = select_expr  # noqa: N815 — PySpark's spelling
+
     def with_column(self, name: str, col) -> Frame:
         """Add or replace column ``name`` (a Column or a SQL string). A window function
         (``F.row_number().over(Window.partitionBy(...).orderBy(...))``, ``F.avg(c).over(
@@ -109,6 +199,8 @@ class Frame:
         if over is not None:
             return self._over(name, *over)
         return self._map(lambda df: df.withColumn(name, expr), f"with_column {name} {expr}")
+
+    withColumn = with_column  # noqa: N815 — PySpark's spelling
 
     def _over(self, name: str, params: dict, expected: pa.Schema) -> Frame:
         """The window-function operator; a replaced column is computed beside the old one
@@ -133,6 +225,8 @@ class Frame:
         if old not in self.columns:
             raise InvalidInput(f"with_column_renamed: no column {old!r} in {self.columns}")
         return self._map(lambda df: df.withColumnRenamed(old, new), f"rename {old} {new}")
+
+    withColumnRenamed = with_column_renamed  # noqa: N815 — PySpark's spelling
 
     def drop(self, *names: str) -> Frame:
         missing = [n for n in names if n not in self.columns]
@@ -170,11 +264,50 @@ class Frame:
         return self._map(lambda df: df, f"watermark {column} {delay}", event_time=column,
                          delay_us=duration_us(delay, "watermark delay"))
 
+    withWatermark = with_watermark  # noqa: N815 — PySpark's spelling
+
     def union(self, other: Frame) -> Frame:
-        """UNION ALL (by column name): both inputs' changes, added up."""
+        """UNION ALL: both inputs' changes, added up. Both need the same columns in the same
+        order: PySpark's ``union`` pairs columns by position, so another order is refused
+        rather than read by name (that is :meth:`unionByName`)."""
+        if set(other.columns) == set(self.columns) and other.columns != self.columns:
+            raise InvalidInput(f"union: the columns {self.columns} and {other.columns} are in "
+                               "another order; PySpark's union pairs them by position: use "
+                               "unionByName (by name) or select them in the same order")
         return Frame(self.pipeline, self.pipeline._add_union([self.node, other.node]))
 
-    union_all = union
+    union_all = unionAll = union  # noqa: N815 — PySpark's spelling
+
+    def union_by_name(self, other: Frame, allowMissingColumns: bool = False) -> Frame:  # noqa: N803
+        """UNION ALL matching columns by name (the result has this frame's order), as
+        PySpark's ``unionByName``; ``allowMissingColumns=True`` fills a column only one side
+        has with NULL (its columns come after this frame's)."""
+        from pyspark.sql import functions as F
+
+        mine, theirs = self.columns, other.columns
+        missing, extra = [c for c in mine if c not in theirs], [c for c in theirs if c not in mine]
+        if (missing or extra) and not allowMissingColumns:
+            raise InvalidInput(f"unionByName: {other.name!r} lacks column(s) {missing} and has "
+                               f"extra column(s) {extra} against {mine}; select the same "
+                               "columns or pass allowMissingColumns=True (NULL where missing)")
+        for c in [c for c in mine if c in theirs]:
+            a, b = self.schema.field(c).type, other.schema.field(c).type
+            if a != b:
+                raise InvalidInput(f"unionByName: column {c!r} is {a} on one side and {b} on "
+                                   "the other; cast one side first")
+        order = mine + extra
+
+        def padded(frame: Frame, like: Frame) -> Frame:
+            if frame.columns == order:
+                return frame
+            cols = [c if c in frame.columns else F.lit(None).cast(
+                spark_type(like.schema.field(c).type)).alias(c) for c in order]
+            return frame.select(*cols)
+
+        return Frame(self.pipeline, self.pipeline._add_union(
+            [padded(self, other).node, padded(other, self).node]))
+
+    unionByName = union_by_name  # noqa: N815 — PySpark's spelling
 
     # ---- stateful steps ---------------------------------------------------------------
     def group_by(self, *keys) -> GroupedFrame:
@@ -183,7 +316,7 @@ class Frame:
         return GroupedFrame(self, [k for group in keys for k in (
             group if isinstance(group, list | tuple) else [group])])
 
-    groupBy = group_by  # noqa: N815 — PySpark's spelling, for pasted code
+    groupBy = groupby = group_by  # noqa: N815 — PySpark's spellings
 
     def agg(self, *aggs) -> Frame:
         """A global aggregate: one row over the whole input (count 0 over no rows)."""
@@ -197,7 +330,26 @@ class Frame:
         ``left_on``/``right_on``. Interval join (any of those): ``time_columns=("lt", "rt"),
         within=("-5 seconds", "10 seconds")`` also requires ``rt BETWEEN lt - 5 s AND lt +
         10 s``; with watermarks on both time columns, rows that are final leave the state, and
-        the join may feed an append sink (each row once, when final)."""
+        the join may feed an append sink (each row once, when final). ``on`` may also be a
+        PySpark Column condition, ``(a["x"] == b["y"]) & (a["k"] == b["k2"])`` (or a list of
+        them): equalities between a column of each side, planned as ``left_on``/``right_on``
+        (docs/coming-from-spark.md); any other condition is refused."""
+        from pyspark.sql import Column
+
+        if isinstance(on, Column) or (isinstance(on, list | tuple) and on
+                                      and all(isinstance(c, Column) for c in on)):
+            if left_on is not None or right_on is not None:
+                raise InvalidInput("join: give a Column condition or left_on/right_on, not both")
+            left_on, right_on = equi_keys(self, other, condition_of(on))
+            on = None
+            if how.lower() not in ("left_semi", "semi", "leftsemi", "left_anti", "anti",
+                                   "leftanti"):
+                both = [c for c in self.columns if c in other.columns]
+                if both:
+                    raise InvalidInput(f"join: both sides have column(s) {both}, which Spark "
+                                       "would output twice; rename one side first "
+                                       "(withColumnRenamed), or, for keys of the same name, "
+                                       f"join with on={both} (one column per key)")
         if isinstance(on, str):
             on = [on]
         if isinstance(left_on, str):
@@ -210,6 +362,24 @@ class Frame:
 
     def distinct(self, name: str | None = None) -> Frame:
         return self.pipeline.distinct(self.node, name or self.pipeline._auto_name("distinct"))
+
+    def drop_duplicates(self, subset: list[str] | None = None) -> Frame:
+        """PySpark's ``dropDuplicates``: over all columns it is :meth:`distinct`. Over a subset
+        Spark keeps an arbitrary one of the rows per key (in a stream, the first to arrive),
+        which no retraction can maintain, so that is refused."""
+        if subset is not None:
+            subset = [subset] if isinstance(subset, str) else list(subset)
+            unknown = [c for c in subset if c not in self.columns]
+            if unknown:
+                raise InvalidInput(f"dropDuplicates: no column(s) {unknown} in {self.columns}")
+        if subset is None or set(subset) == set(self.columns):
+            return self.distinct()
+        raise InvalidInput(f"dropDuplicates({subset}) over some of the columns keeps an "
+                           "arbitrary row per key, which is not supported; use "
+                           f"select({subset}).distinct() for the keys, or "
+                           f"groupBy({subset}).agg(F.min(...), F.max(...)) for a chosen row")
+
+    dropDuplicates = drop_duplicates  # noqa: N815 — PySpark's spelling
 
     # ---- sinks ------------------------------------------------------------------------
     def write_shard(self, shard: str, mode: str = "update", start: str | None = None) -> None:
@@ -259,6 +429,29 @@ class GroupedFrame:
 
         return self.agg(F.count("*").alias("count"))
 
+    def _each(self, func: str, cols: tuple) -> Frame:
+        from pyspark.sql import functions as F
+
+        if not cols:
+            raise InvalidInput(f"{func}() needs the columns to aggregate, e.g. {func}('price')")
+        return self.agg(*[getattr(F, func)(c) for c in cols])
+
+    def sum(self, *cols: str) -> Frame:
+        """PySpark's ``GroupedData.sum("a", ...)``: columns ``sum(a)``, ...; so are
+        ``avg``/``mean``, ``min``, ``max``."""
+        return self._each("sum", cols)
+
+    def avg(self, *cols: str) -> Frame:
+        return self._each("avg", cols)
+
+    mean = avg
+
+    def min(self, *cols: str) -> Frame:
+        return self._each("min", cols)
+
+    def max(self, *cols: str) -> Frame:
+        return self._each("max", cols)
+
     def _session_agg(self, pos: int, spec: dict, aggs: list, name: str | None) -> Frame:
         """``group_by(F.session_window(t, gap), keys).agg(...)``: the session kernel
         (operators/session.py). The session comes out as ``<name>_start``/``<name>_end`` in
@@ -298,12 +491,12 @@ class GroupedFrame:
             m = _WINDOW.match(str(k))
             if m:
                 time_col = m.group(1).strip("`")
+                if time_col.startswith(f"{frame.tag}."):  # F.window(frame["t"], ...)
+                    time_col = time_col[len(frame.tag) + 1:].strip("`")
                 frame = frame.with_window(time_col, m.group(2), m.group(3), m.group(4))
                 names += ["window_start", "window_end"]
                 continue
-            spark = frame.pipeline.spark
-            probe = spark.createDataFrame([], weighted_ddl(frame.schema))
-            kname = probe.select(k).columns[0]
+            kname = frame.probe().select(k).columns[0]
             frame = frame.with_column(kname, k) if kname not in frame.columns else frame
             names.append(kname)
         return frame, names

@@ -23,7 +23,7 @@ with ``with_column`` first).
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.encoding.types import arrow_schema, weighted_ddl
+from headrace.pipeline.encoding.types import arrow_schema
 from headrace.pipeline.names import W
 
 _RANKING = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank",
@@ -70,9 +70,8 @@ def plan_over(frame, name: str, col) -> tuple[dict, object] | None:
     """(kernel params, Spark's output schema) when ``col`` is a window function, else None."""
     if "OVER" not in str(col).upper():
         return None
-    p = frame.pipeline
     where = f"with_column {name!r}"
-    probe = p.spark.createDataFrame([], weighted_ddl(frame.schema))
+    probe = frame.probe()  # aliased: frame["col"] Columns resolve on it
     try:
         out = probe.withColumn(name, col)
     except Exception as e:  # AnalysisException: unknown column, unordered row_number, ...

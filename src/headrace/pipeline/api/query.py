@@ -3,6 +3,8 @@
 The pipeline runs on a background thread (a processingTime trigger); the handle reports what
 each committed micro-batch did and stops the query from any thread. A failure inside the
 pipeline is kept and raised by ``await_termination`` (and shown in ``status``), never lost.
+Spark's camelCase names (``awaitTermination``, ``lastProgress``, ``recentProgress``,
+``isActive``, ``exception()``, ``name``) map onto the same things.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections import deque
 
 
 class PipelineQuery:
-    """status, last_progress, recent_progress, is_active, stop(), await_termination()."""
+    """status, last_progress, recent_progress, is_active, exception(), stop(),
+    await_termination(); and the same under StreamingQuery's names."""
 
     def __init__(self, pipeline, processing_time: str = "1 second", keep: int = 100):
         self.pipeline = pipeline
@@ -44,13 +47,27 @@ class PipelineQuery:
     def is_active(self) -> bool:
         return self._thread.is_alive()
 
+    isActive = is_active  # noqa: N815 — StreamingQuery's names
+
     @property
+    def name(self) -> str:
+        """The pipeline's name (StreamingQuery.name): with the store root, its identity."""
+        return self.pipeline.name
+
     def exception(self) -> BaseException | None:
+        """The error that ended the query, or None (a method, as StreamingQuery's)."""
         return self._error
 
     @property
     def last_progress(self) -> dict | None:
         return self.recent_progress[-1] if self.recent_progress else None
+
+    lastProgress = last_progress  # noqa: N815
+
+    @property
+    def recentProgress(self) -> list[dict]:  # noqa: N802
+        """The kept progress dicts, oldest first, as a list (StreamingQuery.recentProgress)."""
+        return list(self.recent_progress)
 
     @property
     def status(self) -> dict:
@@ -85,4 +102,10 @@ class PipelineQuery:
         if self._error is not None:
             raise self._error
         return not self._thread.is_alive()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """StreamingQuery.awaitTermination: without ``timeout`` (seconds) wait for the end and
+        return None; with one, whether the query ended in time. Raises the query's error."""
+        ended = self.await_termination(timeout)
+        return None if timeout is None else ended
 

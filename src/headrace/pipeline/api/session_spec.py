@@ -13,7 +13,6 @@ a fixed duration), a gap that is not positive, two session windows.
 from __future__ import annotations
 
 from headrace.errors import InvalidInput
-from headrace.pipeline.encoding.types import weighted_ddl
 
 MARKER = "spark.sessionWindow"
 
@@ -60,8 +59,7 @@ def plan_session(frame, keys: list) -> tuple[int, dict] | None:
 
     if not any(maybe_session(k) for k in keys):
         return None
-    p = frame.pipeline
-    probe = p.spark.createDataFrame([], weighted_ddl(frame.schema))
+    probe = frame.probe()  # aliased: frame["col"] Columns resolve on it
     cols = [F.col(f"`{k}`") if isinstance(k, str) else k for k in keys]
     try:
         grouped = probe.groupBy(*cols).agg(F.count(F.lit(1)))
