@@ -184,8 +184,9 @@ def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
     assert equal, why
 
     bad_root = str(tmp_path / "bad")
+    # the bad entry is one the filter would drop: it is checked before the steps
     produce_entries(bad_root, "in", encode_entries("t", a[:3]) + [
-        json.dumps({"table": "t", "k": "x", "v": 1}).encode()])
+        json.dumps({"table": "t", "k": "x", "v": -5}).encode()])
     q = define(bad_root, str(tmp_path / "ck2"))
     with pytest.raises(PipelineError, match=r"sequence 0 entry 3, table 't', field 'k'"):
         q.run(until_idle=True, max_runs=1)

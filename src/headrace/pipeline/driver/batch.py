@@ -138,6 +138,7 @@ class BatchDriver:
         self.static_plan = static_plan
         self.static_next: PreparedBatch | None = None  # set by static_plan.prepare_next
         self.static_entries = None  # the static plan's entries accumulator (static_plan.py)
+        self.static_rows = None  # the rows its queue source read (static_plan.rows_accumulator)
         self.persist = PersistClient(self.store)
         self.stream = f"{name}.state"
         self.progress_shard = f"{name}.progress"
@@ -241,16 +242,17 @@ class BatchDriver:
         """Tasks that read one queue batch: one per core, at most ``partitions``."""
         return max(1, min(self.partitions, self.spark.sparkContext.defaultParallelism))
 
-    def range_entries(self, ranges: dict[str, tuple[int, int]]):
+    def range_entries(self, ranges: dict[str, tuple[int, int]], counted=None):
         """The entries of every queue in (after, through] (``ranges``: queue -> (after,
         through)) as one DataFrame read by executors; an empty range is a no-data batch.
-        PipelineError if a queue no longer holds its range."""
+        ``counted``: an accumulator the rows read are added to. PipelineError if a queue no
+        longer holds its range."""
         frames = []
         for q, (after, through) in ranges.items():
             try:
                 frames.append(range_df(self.spark, self.store, self.root, q, after, through,
                                        self.partitions, self.splits_per_batch(),
-                                       self.decoder()))
+                                       self.decoder(), counted))
             except RangeGone as e:
                 raise PipelineError(str(e)) from e
         return reduce(lambda a, b: a.unionByName(b), frames)

@@ -262,10 +262,10 @@ def range_batches(store, queue: str, after: int, through: int) -> list[tuple]:
 
 
 def range_df(spark, store, url: str, queue: str, after: int, through: int, partitions: int,
-             splits: int = 1, decoder: Decoder | None = None):
+             splits: int = 1, decoder: Decoder | None = None, counted=None):
     """Queue entries (after, through] as a DataFrame of ENTRY_COLUMNS (then ``decoder``'s
     struct columns: columnar entries arrive as their rows) read by executors (the driver lists
-    the manifest only)."""
+    the manifest only); ``counted``: an accumulator the rows read are added to."""
     manifest = f"{queue}/manifest"
     ddl = decoder.entries_ddl() if decoder is not None else ENTRY_DDL
     if through <= after:
@@ -284,7 +284,7 @@ def range_df(spark, store, url: str, queue: str, after: int, through: int, parti
         for b in batches:
             for i in b.column(0).to_pylist():
                 for rb in read_batches(url, manifest, manifest.rpartition("/")[0],
-                                       [todo[i // k]], (i % k, k), option):
+                                       [todo[i // k]], (i % k, k), option, counted):
                     yield widen(rb.append_column("queue", pa.repeat(
                         pa.scalar(queue, pa.string()), rb.num_rows)), structs)
 

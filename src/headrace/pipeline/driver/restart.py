@@ -127,13 +127,15 @@ def runs_direct(d: BatchDriver) -> bool:
             and interrupted_ends(d) is not None)
 
 
-def run_interrupted_batch(d: BatchDriver) -> None:
+def run_interrupted_batch(d: BatchDriver, *, checked: bool = False) -> None:
     """Run the batch a crash interrupted now, over the queue range Spark's offset log names
     (read by executors), instead of after the streaming query's start-up: a restart then does
     not wait for Spark to plan its sources first (measured: ~8 of a 19 s recovery). Spark
     re-runs the batch next, with the same offsets, and ``process_range`` finds it processed.
     On the static plan's shape it runs as the direct job when it can (direct_job.py), else as
-    the static plan over the range."""
+    the static plan over the range. A batch that stopped on a bad entry (the static plan checks
+    entries in the JVM before stateless steps, static_plan.checked_in_jvm) runs ``checked``:
+    with the entries checked in Python, which raises the error naming each bad entry."""
     ends = interrupted_ends(d)
     if ends is None:
         return
@@ -142,7 +144,7 @@ def run_interrupted_batch(d: BatchDriver) -> None:
     ops = static_plan.shape_of(d) if d.static_plan else None
     q = d.queues[0]
     through = max(ends[q], afters[q])
-    op = direct_job.shape(ops)
+    op = None if checked else direct_job.shape(ops)
     if op is not None:
         static_plan.prepare_next(d, through=through)
         try:
@@ -151,13 +153,23 @@ def run_interrupted_batch(d: BatchDriver) -> None:
             return
         except NotDirect as e:
             log.info("the interrupted batch runs on the static plan: %s", e)
+    counted = (static_plan.rows_accumulator(d) if ops is not None and not checked
+               and static_plan.counts_in_source(ops) else None)
     try:
-        entries = d.range_entries({q: (afters[q], max(ends[q], afters[q])) for q in d.queues})
+        entries = d.range_entries({q: (afters[q], max(ends[q], afters[q])) for q in d.queues},
+                                  counted)
     except PipelineError as e:  # Spark's own re-run will meet the same queue
         log.warning("not running the interrupted batch early: %s", e)
         return
     if ops is not None:  # the same tasks as the query's batches, over the range
         static_plan.prepare_next(d, through=through)
-        static_plan.commit(d, static_plan.build(d, ops, entries), ends)
+        try:
+            static_plan.commit(d, static_plan.build(d, ops, entries, checked=checked), ends)
+        except Exception as e:
+            if checked or static_plan.BAD_MARK not in str(e):
+                raise
+            run_interrupted_batch(d, checked=True)
+        finally:
+            d.static_entries = None  # the checked plan's: the query's batches count in the source
     else:
         d.process_range(entries, ends)

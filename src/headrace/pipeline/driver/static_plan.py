@@ -22,9 +22,9 @@ What each task does is in exec/static_tasks.py.
 
 Shape (``static_shape``): one queue; a chain of operators, the first reading one table or two
 different tables (a join), or one table through stateless steps (no watermark or window step:
-behind them the entries check runs in ``checked_task`` and reports through an accumulator,
-since a step may drop any row), each later one reading only the one before, each but the last
-read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
+since a step may drop any row, the entries check runs before them as Spark expressions,
+``checked_in_jvm``, so the rows cross into Python once, into the operator's task), each later
+one reading only the one before, each but the last read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
 shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
 before the query starts (or, with one operator, as direct_job.py's job). Every other pipeline,
 and every recovery replay or history batch, runs the per-batch job (job.py).
@@ -65,6 +65,8 @@ from headrace.pipeline.exec.tasks import StageSpec, TaskContextSpec
 from headrace.pipeline.names import BUCKET, KIND, PAYLOAD, SIDE, W
 from headrace.pipeline.plan.nodes import Map, Node, Operator, SourceTable, consumers
 from headrace.pipeline.plan.progress import STATE_KEY
+
+BAD_MARK = "headrace: bad entry"  # what checked_in_jvm's tasks stop with
 
 
 # ---- the shape ---------------------------------------------------------------------------
@@ -115,10 +117,12 @@ def steps(first: Operator) -> list[Map]:
 
 
 # ---- the plan ----------------------------------------------------------------------------
-def build(d: BatchDriver, ops: list[Operator], entries_df):
+def build(d: BatchDriver, ops: list[Operator], entries_df, *, checked: bool = False):
     """The static plan over a DataFrame of the queue's entries (the query's stream, or a range
     on recovery): a DataFrame of control rows per batch (the tasks wait for
-    ``headrace.batch``)."""
+    ``headrace.batch``). ``checked``: behind stateless steps, the entries are checked in
+    Python (``checked_task``), which names every bad entry: the run of a batch that stopped
+    on one."""
     from pyspark.sql import functions as F
 
     decoder = d.decoder()
@@ -129,11 +133,14 @@ def build(d: BatchDriver, ops: list[Operator], entries_df):
     # every table the queue's entries may name, to say what is wrong with a bad one
     tables = {n.table: n.schema for n in d.nodes if isinstance(n, SourceTable)}
     queue = reads[0].queue
-    if maps:  # a step may drop any row: the entries are checked before, counted aside
+    if maps and checked:  # a batch that stopped on a bad entry, run again to name it
         table = reads[0].schema
         rows = rows.mapInArrow(checked_task(queue, tables, d.max_entry_bytes, table,
                                             entries_accumulator(d), decoder.missing_null),
                                spark_ddl(table) + f", `{W}` long")
+    elif maps:  # a step may drop any row: the entries are checked before it, in the JVM
+        rows = checked_in_jvm(rows, reads[0].schema, d.bindings.get(queue, -1))
+    if maps:
         for m in maps:
             rows = m.apply(rows)
         rows = rows.withColumn(BUCKET, bucket_expr(first.bucket_columns[0], d.buckets))
@@ -156,6 +163,47 @@ def build(d: BatchDriver, ops: list[Operator], entries_df):
             task = entries_task(queue, tables, d.max_entry_bytes, out, decoder.missing_null)
         rows = rows.mapInArrow(task, spark_ddl(out))
     return rows
+
+
+def checked_in_jvm(rows, table: pa.Schema, after: int):
+    """The entries check before stateless steps, as Spark expressions: rows stay in the JVM.
+
+    Entries at or before ``after`` (what the pipeline held when the plan was built: a restarted
+    query may re-deliver them) are dropped; the queue source counts the rows it reads
+    (``rows_accumulator``); a bad entry stops the task with BAD_MARK before any step can drop
+    it: the query stops, and the batch runs again with the Python check, which names every
+    bad entry (restart.run_interrupted_batch, checked; they are the exception, not the bulk); other tables' rows are dropped. Out: the
+    table's columns + W."""
+    from pyspark.sql import functions as F
+
+    bad = F.col(f"`{BAD}sequence`")
+    where = F.concat(F.lit(f"{BAD_MARK}: queue sequence "), bad.cast("string"),
+                     F.lit(" entry "), F.col(f"`{BAD}index`").cast("string"))
+    # one filter: Spark keeps its conjuncts' order, so no step's condition runs first
+    rows = rows.filter((F.col(f"`{SEQ}`") > F.lit(after))
+                       & F.when(bad.isNotNull(), F.raise_error(where))
+                       .otherwise(F.col(f"`{SIDE}`").isNotNull()))
+    return rows.select(*[F.col(f"`{c}`") for c in table.names], F.col(W))
+
+
+def counts_in_source(ops: list[Operator]) -> bool:
+    """Whether the queue source counts the batch's rows (``rows_accumulator``): behind
+    stateless steps, where no Python stage sees every entry."""
+    return bool(steps(ops[0]))
+
+
+def rows_accumulator(d: BatchDriver):
+    """The accumulator the queue source adds the rows it reads to (its option)."""
+    if d.static_rows is None:
+        d.static_rows = d.spark.sparkContext.accumulator(0)
+    return d.static_rows
+
+
+def counted_rows(d: BatchDriver) -> int:
+    """The rows the source counted since the last call (then reset)."""
+    acc = rows_accumulator(d)
+    n, acc.value = acc.value, 0
+    return int(n)
 
 
 class EntriesParam(AccumulatorParam):
@@ -238,6 +286,8 @@ def prepare_next(d: BatchDriver, through: int = 2**63 - 1) -> None:
     ctx = d.task_context(version, t, True)
     if d.static_entries is not None:  # what a skipped batch's checks added: not ours
         entries_control(d.static_entries)
+    if d.static_rows is not None:
+        counted_rows(d)
     prepare(d.spark, specs, ctx, after, through)
     d.static_next = PreparedBatch(time=t, state_version=version, after=after,
                                   run_prefix=ctx.run_prefix, writer_ids=writer_ids)
@@ -259,6 +309,7 @@ def commit(d: BatchDriver, df, ends: dict[str, int | None]) -> None:
     q = d.queues[0]
     after = d.bindings.get(q, -1)
     through = max(after, ends[q] if ends.get(q) is not None else -1)
+    ops = shape_of(d)
     if through != after:
         prepared = d.static_next
         here = (d.time, d.bindings.get(STATE_KEY), after)
@@ -273,9 +324,12 @@ def commit(d: BatchDriver, df, ends: dict[str, int | None]) -> None:
 
         def run(t: int, version: int | None, shards: set[str]) -> pa.Table:
             rows = df.toArrow()
-            if d.static_entries is not None:  # created by build() behind stateless steps
+            if d.static_entries is not None:  # the checked plan (build(checked=True))
                 rows = pa.concat_tables([rows, pa.Table.from_batches([control_rows(
                     entries_control(d.static_entries), CONTROL_SCHEMA)])])
+            elif counts_in_source(ops):
+                rows = pa.concat_tables([rows, pa.Table.from_batches([control_rows(
+                    [("rows", str(counted_rows(d)).encode())], CONTROL_SCHEMA)])])
             check(rows, prepared.run_prefix)
             return rows
 

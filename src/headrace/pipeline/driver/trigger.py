@@ -23,7 +23,7 @@ from headrace.pipeline.driver import job, restart, static_plan
 from headrace.pipeline.driver.batch import BatchDriver
 from headrace.pipeline.encoding.columnar import columns_option, struct_ddl
 from headrace.pipeline.errors import PipelineError
-from headrace.pipeline.exec.queue_source import register
+from headrace.pipeline.exec.queue_source import register, register_counted
 from headrace.pipeline.exec.tasks import TaskContextSpec
 from headrace.pipeline.plan.eventtime import expiring
 from headrace.pipeline.plan.progress import STATE_KEY
@@ -79,8 +79,10 @@ def _run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, proc
         if until_idle and not queues_hold_more(d):
             break  # the next availableNow query would find nothing: don't start it (~1 s)
         before = d.metrics["batches"]
-        stream, process = input_stream(d), d.process
         ops = static_plan.shape_of(d) if d.static_plan else None
+        counted = (static_plan.rows_accumulator(d)
+                   if ops is not None and static_plan.counts_in_source(ops) else None)
+        stream, process = input_stream(d, counted), d.process
         if ops is not None:  # planned once for the whole query (static_plan.py)
             stream, process = static_plan.build(d, ops, stream), _static_process(d)
             static_plan.prepare_next(d)  # the query's thread inherits it
@@ -109,6 +111,8 @@ def _run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, proc
                 query.awaitTermination()  # raises what killed it, if anything did
         except Exception as e:  # the query died: what failed inside a batch is in its text
             d.streams.stop(quiet=True)  # side queries of a continuous run, if still up
+            if static_plan.BAD_MARK in str(e):  # run the batch again to name its bad entries
+                restart.run_interrupted_batch(d, checked=True)
             raise PipelineError(f"pipeline {d.name!r} stopped at t={d.time}: "
                                 f"{failure_text(e)}") from e
         runs += 1
@@ -128,9 +132,10 @@ def queues_hold_more(d) -> bool:
     return False
 
 
-def input_stream(d):
+def input_stream(d, counted=None):
     """The union of every queue's stream, each row tagged with its queue (Spark's offset log
-    lists the sources in this order: see ``BatchDriver.spark_batch_end``)."""
+    lists the sources in this order: see ``BatchDriver.spark_batch_end``); what the pipeline
+    holds is not read again; ``counted``: an accumulator the rows read are added to."""
     from pyspark.sql import functions as F
 
     decoder = d.decoder()
@@ -138,10 +143,14 @@ def input_stream(d):
     for q in d.queues:
         # a queue batch read by one task per core: the first stage (fetch, JSON parse, bucket
         # hash, shuffle write) would otherwise run on one core
-        r = (d.spark.readStream.format("headrace.queue").option("url", d.root)
+        source = "headrace.queue" if counted is None else register_counted(d.spark)
+        r = (d.spark.readStream.format(source).option("url", d.root)
              .option("manifest_path", f"{q}/manifest")
              .option("splits_per_batch", str(d.splits_per_batch()))
-             .option("retain_batches", str(d.retain_batches)))
+             .option("retain_batches", str(d.retain_batches))
+             .option("after_sequence", str(d.bindings.get(q, -1))))
+        if counted is not None:
+            r = r.option("rows_accumulator", str(counted.aid))
         mine = decoder.queue_columns(q)
         if len(mine):  # columnar entries of the queue's tables arrive as typed rows
             r = r.option("columns", columns_option(mine))

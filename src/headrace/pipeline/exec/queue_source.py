@@ -15,7 +15,11 @@ with no parse; see pipeline/encoding/columnar.py), ``splits_per_batch`` (default
 by that many tasks, each fetching it and keeping its share of the rows — a trade of k - 1
 extra GETs per batch, and of each task decoding every columnar entry of the batch, for a first
 stage that uses k cores; the pipeline sets it to Spark's default parallelism),
-``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
+``after_sequence`` (default -1: the sequences through N are not read — a pipeline's
+position when its query starts, so a query restarted on an older Spark checkpoint does not
+fetch what the pipeline holds), ``rows_accumulator`` (the id of a PySpark int accumulator of
+the driver's session: the rows each task reads are added to it — the pipeline's input count
+when no Python stage sees every row), ``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
 in the queue, so a pipeline part added later can replay them — ``start="history"``; the
 manifest and the stored batches grow by N batches), ``data_path_prefix`` (default: the
 manifest's folder, so ``q/manifest`` reads batches under
@@ -65,7 +69,7 @@ class QueuePartition(InputPartition):
     def __init__(self, url: str, batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
                  manifest_path: str = DEFAULT_MANIFEST_PATH,
                  data_path_prefix: str = DEFAULT_DATA_PREFIX, split: tuple[int, int] = (0, 1),
-                 columns: str | None = None):
+                 columns: str | None = None, rows_accumulator: int | None = None):
         super().__init__(batches[0][0] if batches else 0)
         self.url = url
         self.batches = batches
@@ -73,6 +77,7 @@ class QueuePartition(InputPartition):
         self.data_path_prefix = data_path_prefix
         self.split = split
         self.columns = columns
+        self.rows_accumulator = rows_accumulator
 
 
 def _int_option(options, name: str, default: int | None, minimum: int) -> int | None:
@@ -101,6 +106,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.batches_per_partition = _int_option(options, "batches_per_partition", 1, 1)
         self.splits_per_batch = _int_option(options, "splits_per_batch", 1, 1)
         self.retain_batches = _int_option(options, "retain_batches", 0, 0)
+        self.after_sequence = _int_option(options, "after_sequence", -1, -1)
+        self.rows_accumulator = _int_option(options, "rows_accumulator", None, 0)
         self.columns = options.get("columns")
         self.gc_interval_s = float(options.get("gc_interval_s", "300"))
         self.gc_grace_period_s = float(options.get("gc_grace_period_s", "600"))
@@ -160,7 +167,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning and reading ----------------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> list[QueuePartition]:
-        lo, hi = int(start["sequence"]), int(end["sequence"])
+        lo, hi = max(int(start["sequence"]), self.after_sequence + 1), int(end["sequence"])
         if hi <= lo:
             return []
         wanted = range(lo, hi)
@@ -177,13 +184,22 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                      for m in self._planned[s].metadata]) for s in wanted]
         n, k = self.batches_per_partition, self.splits_per_batch
         return [QueuePartition(self.url, batches[i : i + n], self.manifest_path,
-                               self.data_path_prefix, (j, k), self.columns)
+                               self.data_path_prefix, (j, k), self.columns,
+                               self.rows_accumulator)
                 for i in range(0, len(batches), n) for j in range(k)]
 
     def read(self, partition: QueuePartition) -> Iterator[pa.RecordBatch]:
+        counted = None
+        if partition.rows_accumulator is not None:
+            from pyspark.accumulators import INT_ACCUMULATOR_PARAM, _deserialize_accumulator
+
+            # the driver's accumulator, as a task sees one that travelled in its closure: the
+            # Python worker reports its value with the task's result
+            counted = _deserialize_accumulator(partition.rows_accumulator, 0,
+                                               INT_ACCUMULATOR_PARAM)
         yield from read_batches(partition.url, partition.manifest_path,
                                 partition.data_path_prefix, partition.batches,
-                                partition.split, partition.columns)
+                                partition.split, partition.columns, counted)
 
     def commit(self, end: dict) -> None:
         through = int(end["sequence"]) - 1
@@ -200,11 +216,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def read_batches(url: str, manifest_path: str, data_path_prefix: str,
                  batches: list[tuple[int, str, list[tuple[int, int, bytes]]]],
-                 split: tuple[int, int] = (0, 1), columns: str | None = None):
+                 split: tuple[int, int] = (0, 1), columns: str | None = None,
+                 counted=None):
     """Executor side: fetch and decode each (sequence, location, metadata) batch, keeping
     share ``split[0]`` of ``split[1]`` of its rows; a recorded skip yields nothing, an
     unreadable batch raises the buffer's typed error. ``columns`` (an option value): columnar
-    entries of those tables become their rows (``columnar.explode``)."""
+    entries of those tables become their rows (``columnar.explode``). ``counted``: an
+    accumulator the rows yielded are added to."""
     share, shares = split
     structs = parse_columns_option(columns) if columns else None
     store = open_store(url)
@@ -218,6 +236,8 @@ def read_batches(url: str, manifest_path: str, data_path_prefix: str,
         pieces = [rb] if structs is None else explode(rb, structs)
         if shares > 1:  # zero-copy: the rows keep their entry's index within the batch
             pieces = _share(pieces, share, shares)
+        if counted is not None:
+            counted.add(sum(p.num_rows for p in pieces))
         yield from pieces
 
 
@@ -265,6 +285,23 @@ class QueueDataSource(DataSource):
 
     def streamReader(self, schema) -> QueueStreamReader:
         return QueueStreamReader(self.options)
+
+
+class CountedQueueDataSource(QueueDataSource):
+    """The same source under the name the pipeline reads its queues by, registered from the
+    session's Python (``register_counted``): the JVM relays the accumulator updates of such a
+    source's tasks to the driver, not those of a source PySpark found by its ``pyspark_*``
+    package (measured: the ``rows_accumulator`` option then counts nothing)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "headrace.queue.counted"
+
+
+def register_counted(spark) -> str:
+    """Register ``CountedQueueDataSource`` on ``spark`` (once); its format name."""
+    register_source(spark, CountedQueueDataSource)
+    return CountedQueueDataSource.name()
 
 
 def register(spark) -> None:

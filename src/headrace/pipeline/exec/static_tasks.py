@@ -8,8 +8,9 @@ runs the kernel over the rows its tables keep (tasks.run_stage_partition). Bad e
 other tables travel with the others (their bucket is the hash of NULL keys), so no second branch
 reads the entries again. Each later operator's task runs its kernel over the data rows of the
 one before and passes that stage's control rows on, so they all reach the last stage's collect
-and nothing is persisted. Behind stateless steps the entries check runs in ``checked_task`` and
-reports through an accumulator, since a step may drop any row.
+and nothing is persisted. Behind stateless steps the entries are checked before them in
+the JVM (driver/static_plan.py ``checked_in_jvm``); ``checked_task`` checks them in Python when
+a batch with a bad entry is run again to name it, reporting through an accumulator.
 """
 
 from __future__ import annotations
