@@ -161,3 +161,39 @@ def test_spark_sink_commit_replay_is_checked(tmp_path):
     snap = client.read_only("out").snapshot(1)
     assert sorted(snap.column("v").to_pylist()) == [1, 2, 3]
     assert len(client.state("out").writers) == 1  # every batch reused one sink writer
+
+
+def test_append_parts_from_a_stale_cache_is_decided_by_its_cas(client):
+    """The driver links from its cached shard state. Another process moving the shard in
+    between is met by the link's CAS, each way: a replay of the batch (the CAS loses, the head
+    is read, the contents compared: no-op or DefinitenessViolation) and a change that leaves
+    the upper (the CAS loses once, then lands). A writer linking batch after batch reads no
+    consensus object: one consensus PUT per batch."""
+    store = CountingStore(client.store)
+    a = PersistClient(store, auto_compact_at=None).open_writer("s")
+    wa = a.register()
+    b = PersistClient(client.store).open_writer("s")  # another process: its own cache
+    wb = b.register()
+
+    def up(wid, ks, t):
+        return upload_part(client.store, "s", wid,
+                           pa.table({"k": ks, "diff": [1] * len(ks)}), time=t)
+
+    assert a.append_parts([up(wa, ["x"], 0)], 0, 1)  # a's cache: upper 1
+    assert b.append_parts([up(wb, ["y"], 1)], 1, 2)  # behind a's back
+    same = [up(wa, ["y"], 1)]
+    assert not a.append_parts(same, 1, 2)  # a replay: compared, its part deleted
+    assert not client.store.exists(same[0].key)
+    with pytest.raises(DefinitenessViolation):
+        a.append_parts([up(wa, ["z"], 1)], 1, 2)
+    PersistClient(client.store).open_writer("s").register()  # a CAS that leaves the upper
+    assert a.append_parts([up(wa, ["w"], 2)], 2, 3)
+    store.reset()
+    for t in range(3, 8):
+        assert a.append_parts([up(wa, [f"k{t}"], t)], t, t + 1)
+    counts = store.counts()
+    assert counts.get("gets", 0) == 0, counts  # neither head nor floor read
+    assert counts.get("puts", 0) <= 5 + 1, counts  # one consensus PUT a batch (+ a hint)
+    assert PersistClient(client.store).upper("s") == 8
+    rows = PersistClient(client.store).open_reader("s").snapshot(7)
+    assert sorted(rows["k"].to_pylist()) == ["k3", "k4", "k5", "k6", "k7", "w", "x", "y"]

@@ -177,6 +177,9 @@ def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
     p.run(until_idle=True, max_runs=1)
     assert p.metrics["static_batches"] == p.metrics["batches"] == 2
     assert p.last_batch["input_rows"] == len(b) + 7  # filtered-out rows are entries too
+    # Spark's own account of the query's batches (Pipeline.spark_progress)
+    assert [x["input_rows"] for x in p.spark_progress if x["input_rows"]] == [len(a), len(b) + 7]
+    assert all(x["trigger_s"] > 0 for x in p.spark_progress)
     expected = batch_result(spark, {"t": SCHEMA}, {"t": a[7:] + b}, lambda s: s["t"].filter(
         F.col("v") > 0).withColumn("v2", F.col("v") * 2).groupBy("k").agg(
         F.count("*").alias("n"), F.sum("v2").alias("s")))
@@ -258,4 +261,33 @@ def test_static_plan_sigkilled_at_a_state_checkpoint_restarts_exactly_once(spark
     assert p.metrics["batches"] == 2 and p.time == 3
     equal, why = rows_equal(p.read_shard("st.out"), _expected(spark, [r for w in waves
                                                                          for r in w]))
+    assert equal, why
+
+
+def test_a_stateless_query_costs_few_driver_requests_and_no_state_checkpoints(spark, tmp_path):
+    """A filter + projection to a shard (Nexmark q2's shape) on the static plan: its output
+    equals Spark batch SQL, and after the first batch the driver makes at most 6 store requests
+    a batch (the output's parts checked and linked, the progress written) and writes no state
+    checkpoint: the graph keeps no state."""
+    from pyspark.sql import functions as F
+
+    from headrace.pipeline import Pipeline
+
+    root = str(tmp_path / "store")
+    waves = [_rows(40 + i, 60) for i in range(4)]
+    for rows in waves:
+        produce_entries(root, "in", encode_entries("t", rows))
+    p = Pipeline(spark, root, name="sl", partitions=2, buckets=4,
+                 checkpoint_dir=str(tmp_path / "ck"), batches_per_trigger=1)
+    t = p.read_queue("in", {"t": SCHEMA})["t"]
+    t.filter(F.col("v") > 0).select("k", (F.col("v") * 2).alias("v2")).write_shard("sl.out")
+    requests = []
+    p.on_batch = lambda info: requests.append(p.store.counts()["requests"])
+    p.run(until_idle=True, max_runs=1)
+    assert p.metrics["static_batches"] == p.metrics["batches"] == 4
+    assert max(b - a for a, b in zip(requests, requests[1:], strict=False)) <= 6, requests
+    assert len(list(p.store.list("sl.state/v/default/ckpt/"))) <= 1
+    expected = batch_result(spark, {"t": SCHEMA}, {"t": sum(waves, [])}, lambda s: s["t"].filter(
+        F.col("v") > 0).select("k", (F.col("v") * 2).alias("v2")))
+    equal, why = rows_equal(p.read_shard("sl.out"), expected)
     assert equal, why

@@ -18,7 +18,10 @@ Split writes (a Spark driver and its tasks): the driver calls ``register()`` and
 writer id to the tasks; a task calls :func:`upload_part` (one PUT, no consensus access) and
 returns the picklable PartMeta; the driver calls ``append_parts`` (or ``link_parts``) once per
 micro-batch. Linking verifies the parts first: a HEAD per part (up to 8, in parallel), or one LIST
-of the writer's prefix for more.
+of the writer's prefix for more. ``append_parts`` starts from the writer's cached state: when
+it says the batch is next, the CAS itself checks it (consensus versions are contiguous, so a
+put of the cached seqno + 1 lands only if the cache was the head), and the head is read only
+when the cache says otherwise or the CAS loses.
 
 Definiteness: ``append`` and ``append_parts`` decide when times were already written; there they
 compare the updates with what the shard holds for those times (a GET per part overlapping them;
@@ -250,8 +253,13 @@ class WriteHandle:
         _check_bounds(lower, upper)
         if upper is None:
             raise InvalidBounds("append_parts needs a finite upper")
-        for _ in range(100):
+        # the cached head first: when it says [lower, upper) is next, the link's CAS decides
+        # (a CAS that lands proves the cache was the head; one that loses reads it), so a
+        # writer appending batch after batch makes one consensus write and no read
+        state = self.machine.current()
+        if state.upper != lower:
             state = self.machine.fetch()
+        for _ in range(100):
             if state.upper is not None and state.upper < lower:
                 raise UpperMismatch(lower, state.upper, self.shard)
             if state.upper is None or state.upper >= upper:
@@ -264,7 +272,7 @@ class WriteHandle:
                 self.link_parts(parts, lower, upper)
                 return True
             except UpperMismatch:
-                continue  # a concurrent link of the same batch: look again
+                state = self.machine.fetch()  # a concurrent link of the same batch: look again
         raise UpperMismatch(lower, self.machine.fetch().upper, self.shard)
 
     def discard(self, parts: list[PartMeta]) -> None:

@@ -67,7 +67,7 @@ from headrace.pipeline.exec.outputs import OutputCollector
 from headrace.pipeline.exec.tasks import TaskContextSpec
 from headrace.pipeline.plan.eventtime import event_time_bindings, expiring, watermark_of
 from headrace.pipeline.plan.evolve import Evolution, reconcile
-from headrace.pipeline.plan.nodes import Node, Sink, SourceTable, fingerprint
+from headrace.pipeline.plan.nodes import Node, Operator, Sink, SourceTable, fingerprint
 from headrace.pipeline.plan.progress import GRAPH_KEY, STATE_KEY, StoredGraph, commit_progress
 from headrace.pipeline.state.commit import STATE_OPTIONS, checkpoint_runs
 from headrace.pipeline.state.local_backup import finalize
@@ -242,6 +242,10 @@ class BatchDriver:
         """Tasks that read one queue batch: one per core, at most ``partitions``."""
         return max(1, min(self.partitions, self.spark.sparkContext.defaultParallelism))
 
+    def holds_state(self) -> bool:
+        """Whether any operator of the graph keeps state."""
+        return any(isinstance(n, Operator) and n.state_sides for n in self.nodes)
+
     def range_entries(self, ranges: dict[str, tuple[int, int]], counted=None):
         """The entries of every queue in (after, through] (``ranges``: queue -> (after,
         through)) as one DataFrame read by executors; an empty range is a no-data batch.
@@ -364,6 +368,9 @@ class BatchDriver:
             manifest = {**self.state_indexes(prev_version), **result.indexes}
             self.store.put(self._manifest_key(t), json.dumps(manifest, sort_keys=True).encode())
             version = t
+        elif prev_version is not None and not self.holds_state() and not any(
+                r.page_count or len(r.deleted_ids) for r in result.runs):
+            version = prev_version  # no operator keeps state: no empty checkpoint per batch
         else:
             # until the progress names the new version, a restart redoes batch t (and a lagging
             # output replays it) from prev_version: it stays readable even past a snapshot

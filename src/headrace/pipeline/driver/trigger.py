@@ -168,12 +168,12 @@ def record_progress(d, query) -> None:
     """Append Spark's progress of the query's batches to ``d.spark_progress``."""
     try:
         for prog in query.recentProgress:
-            d = prog["durationMs"]
+            phases = prog["durationMs"]
             d.spark_progress.append({
                 "batch_id": prog["batchId"], "input_rows": prog["numInputRows"],
-                "trigger_s": d.get("triggerExecution", 0) / 1000.0,
-                "add_batch_s": d.get("addBatch", 0) / 1000.0,
-                "durations_ms": dict(d)})  # every phase: offsets, WAL, planning, commit
+                "trigger_s": phases.get("triggerExecution", 0) / 1000.0,
+                "add_batch_s": phases.get("addBatch", 0) / 1000.0,
+                "durations_ms": dict(phases)})  # every phase: offsets, WAL, planning, commit
     except Exception as e:  # noqa: BLE001 - an account only, never a failure
         log.debug("no Spark progress: %s", e)
 
