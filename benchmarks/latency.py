@@ -231,7 +231,7 @@ def run_headrace(spark, work: Path, args) -> dict:
     src["ev"].select("id", "sent_ms", "payload").write_shard(SHARD)
     q = p.start(processing_time="0 seconds")
     try:
-        return _result(proc, lambda: q.exception)
+        return _result(proc, q.exception)
     finally:
         q.stop()
         q.await_termination(60)

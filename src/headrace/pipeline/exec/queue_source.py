@@ -14,7 +14,9 @@ tables it reads from this queue — each columnar entry of those tables arrives 
 with no parse; see pipeline/encoding/columnar.py), ``splits_per_batch`` (default 1: a queue batch read
 by that many tasks, each fetching it and keeping its share of the rows — a trade of k - 1
 extra GETs per batch, and of each task decoding every columnar entry of the batch, for a first
-stage that uses k cores; the pipeline sets it to Spark's default parallelism),
+stage that uses k cores; a micro-batch of k or more queue batches is read by k tasks of whole
+batches instead, so many small batches do not cost k tasks each; the pipeline sets it to
+Spark's default parallelism),
 ``after_sequence`` (default -1: the sequences through N are not read — a pipeline's
 position when its query starts, so a query restarted on an older Spark checkpoint does not
 fetch what the pipeline holds), ``rows_accumulator`` (the id of a PySpark int accumulator of
@@ -183,6 +185,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     [(m.start_index, m.ingestion_time_ms, m.payload)
                      for m in self._planned[s].metadata]) for s in wanted]
         n, k = self.batches_per_partition, self.splits_per_batch
+        if k > 1 and len(batches) >= k:  # enough whole batches for k tasks: none is split
+            n, k = max(n, -(-len(batches) // k)), 1
         return [QueuePartition(self.url, batches[i : i + n], self.manifest_path,
                                self.data_path_prefix, (j, k), self.columns,
                                self.rows_accumulator)
