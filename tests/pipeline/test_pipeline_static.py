@@ -149,7 +149,7 @@ def test_static_plan_runs_a_join_then_an_aggregate_equal_to_spark(spark, tmp_pat
         assert equal, f"{shard}: {why}"
 
 
-def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
+def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path, caplog):
     """A filter and a computed column before a group-by: on the static plan, the entries are
     checked before the steps (which may drop any row) and counted aside, so the batch's input
     count is every entry, and a bad entry still fails the batch naming it."""
@@ -194,6 +194,12 @@ def test_static_plan_runs_stateless_steps_before_the_operator(spark, tmp_path):
     with pytest.raises(PipelineError, match=r"sequence 0 entry 3, table 't', field 'k'"):
         q.run(until_idle=True, max_runs=1)
     assert q.time == 0  # nothing committed
+    # run again: the batch Spark planned runs first, before the query (the restart's path)
+    with caplog.at_level("INFO", logger="headrace.pipeline"), \
+            pytest.raises(PipelineError, match=r"sequence 0 entry 3, table 't', field 'k'"):
+        q.run(until_idle=True, max_runs=1)
+    assert "running the interrupted batch" in caplog.text
+    assert q.time == 0
 
 
 def test_a_batch_whose_tasks_ran_with_other_parameters_is_refused():
