@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 
 from headrace.errors import FormatError
 from headrace.pipeline.encoding.rowkeys import RowCodec
+from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import W
 from headrace.pipeline.operators.kernel import ZSET_SCHEMA
 from headrace.zset import consolidate
@@ -95,3 +96,16 @@ def pushed_negative(old: pa.Table, delta: pa.Table) -> np.ndarray:
                     np.int64)
     bad[i] = ow + w[i] < 0
     return bad
+
+
+def refuse_pushed_negative(old: pa.Table, delta: pa.Table, row_codec: RowCodec,
+                           what: str) -> None:
+    """NegativeMultiplicity (before anything is written) if ``delta`` leaves a (key, val) of
+    ``old`` below zero (``pushed_negative``), naming the first such row, decoded by
+    ``row_codec``, as ``what`` and every refused state key."""
+    bad = pushed_negative(old, delta)
+    if bad.any():
+        keys = as_array(delta["key"]).filter(pa.array(bad))
+        row = row_codec.decode(as_array(delta["val"]).filter(pa.array(bad)).slice(0, 1))
+        raise NegativeMultiplicity(f"{what} {row.to_pylist()[0]} would occur fewer than 0 "
+                                   "times", keys.to_pylist())

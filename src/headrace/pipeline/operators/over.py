@@ -48,13 +48,13 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
-from headrace.pipeline.errors import ArithmeticOverflow, NegativeMultiplicity
+from headrace.pipeline.errors import ArithmeticOverflow
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators.deltas import (
     as_array,
     consolidate_rows,
     dense_ids,
-    pushed_negative,
+    refuse_pushed_negative,
     weights,
     zset,
 )
@@ -315,12 +315,8 @@ class OverKernel(Kernel, RoutesKeys, Rebucketable):
         if d.num_rows == 0:
             return self._empty()
         old = state.lookup_many(as_array(pc.unique(d["key"])))
-        bad = pushed_negative(old, d)
-        if bad.any():  # a row retracted more often than inserted: nothing written yet
-            keys_ = as_array(d["key"]).filter(pa.array(bad))
-            row = self.row_codec.decode(as_array(d["val"]).filter(pa.array(bad)).slice(0, 1))
-            raise NegativeMultiplicity(f"window partition row {row.to_pylist()[0]} would occur "
-                                       "fewer than 0 times", keys_.to_pylist())
+        # a row retracted more often than inserted: nothing written yet
+        refuse_pushed_negative(old, d, self.row_codec, "window partition row")
         new = consolidate(pa.concat_tables([old, d]))
         out_new = self._evaluate(new)  # raises ArithmeticOverflow before any state change
         out_old = self._evaluate(old)

@@ -52,7 +52,6 @@ import pyarrow.compute as pc
 
 from headrace.errors import InvalidInput
 from headrace.pipeline.encoding import rowkeys as keys
-from headrace.pipeline.errors import NegativeMultiplicity
 from headrace.pipeline.names import PREFIX, W
 from headrace.pipeline.operators import exactsum
 from headrace.pipeline.operators.aggregate import Agg, AggregateKernel
@@ -61,7 +60,7 @@ from headrace.pipeline.operators.deltas import (
     consolidate_rows,
     dense_ids,
     fill,
-    pushed_negative,
+    refuse_pushed_negative,
     weights,
     zset,
 )
@@ -176,12 +175,8 @@ class SessionKernel(Kernel, Expires, Rebucketable):
         if d.num_rows == 0:
             return self._empty()
         old = self._read(state, as_array(pc.unique(d["key"])))
-        bad = pushed_negative(old, d)
-        if bad.any():  # a row retracted more often than inserted: nothing written yet
-            keys_ = as_array(d["key"]).filter(pa.array(bad))
-            row = self.row_codec.decode(as_array(d["val"]).filter(pa.array(bad)).slice(0, 1))
-            raise NegativeMultiplicity(f"session window row {row.to_pylist()[0]} would occur "
-                                       "fewer than 0 times", keys_.to_pylist())
+        # a row retracted more often than inserted: nothing written yet
+        refuse_pushed_negative(old, d, self.row_codec, "session window row")
         new = self._sessions(consolidate(pa.concat_tables([old, d])))
         old = self._sessions(old)
         out_new = self._aggregate(new["rows"])  # raises ArithmeticOverflow: state untouched
