@@ -153,11 +153,9 @@ def run_interrupted_batch(d: BatchDriver, *, checked: bool = False) -> None:
             return
         except NotDirect as e:
             log.info("the interrupted batch runs on the static plan: %s", e)
-    counted = (static_plan.rows_accumulator(d) if ops is not None and not checked
-               and static_plan.counts_in_source(ops) else None)
     try:
         entries = d.range_entries({q: (afters[q], max(ends[q], afters[q])) for q in d.queues},
-                                  counted)
+                                  static_plan.source_counter(d, ops, checked=checked))
     except PipelineError as e:  # Spark's own re-run will meet the same queue
         log.warning("not running the interrupted batch early: %s", e)
         return

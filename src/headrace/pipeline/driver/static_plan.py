@@ -24,8 +24,8 @@ Shape (``static_shape``): one queue; a chain of operators, the first reading one
 different tables (a join), or one table through stateless steps (no watermark or window step:
 since a step may drop any row, the entries check runs before them as Spark expressions,
 ``checked_in_jvm``, so the rows cross into Python once, into the operator's task), each later
-one reading only the one before, each but the last read by nothing else; sinks behind any of them; reservoir state, no event time, no dead-letter
-shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
+one reading only the one before, each but the last read by nothing else; sinks behind any of
+them; reservoir state, no event time, no dead-letter shard, no ``read_stream``. The batch a crash interrupted runs the same plan over its queue range
 before the query starts (or, with one operator, as direct_job.py's job). Every other pipeline,
 and every recovery replay or history batch, runs the per-batch job (job.py).
 
@@ -170,10 +170,10 @@ def checked_in_jvm(rows, table: pa.Schema, after: int):
 
     Entries at or before ``after`` (what the pipeline held when the plan was built: a restarted
     query may re-deliver them) are dropped; the queue source counts the rows it reads
-    (``rows_accumulator``); a bad entry stops the task with BAD_MARK before any step can drop
-    it: the query stops, and the batch runs again with the Python check, which names every
-    bad entry (restart.run_interrupted_batch, checked; they are the exception, not the bulk); other tables' rows are dropped. Out: the
-    table's columns + W."""
+    (``rows_accumulator``); other tables' rows are dropped; a bad entry stops the task with
+    BAD_MARK before any step can drop it: the query stops, and the batch runs again with the
+    Python check, which names every bad entry (restart.run_interrupted_batch, checked; bad
+    entries are the exception, not the bulk). Out: the table's columns + W."""
     from pyspark.sql import functions as F
 
     bad = F.col(f"`{BAD}sequence`")
@@ -196,6 +196,14 @@ def counts_in_source(ops: list[Operator]) -> bool:
     """Whether the queue source counts the batch's rows (``rows_accumulator``): behind
     stateless steps, where no Python stage sees every entry."""
     return bool(steps(ops[0]))
+
+
+def source_counter(d: BatchDriver, ops: list[Operator] | None, *, checked: bool = False):
+    """The accumulator the queue source counts rows into for a plan of ``ops`` (None: the
+    plan counts them itself, or is not the static plan)."""
+    if ops is None or checked or not counts_in_source(ops):
+        return None
+    return rows_accumulator(d)
 
 
 def rows_accumulator(d: BatchDriver):

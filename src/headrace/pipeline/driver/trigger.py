@@ -80,9 +80,7 @@ def _run_queries(d: BatchDriver, *, until_idle: bool, max_runs: int | None, proc
             break  # the next availableNow query would find nothing: don't start it (~1 s)
         before = d.metrics["batches"]
         ops = static_plan.shape_of(d) if d.static_plan else None
-        counted = (static_plan.rows_accumulator(d)
-                   if ops is not None and static_plan.counts_in_source(ops) else None)
-        stream, process = input_stream(d, counted), d.process
+        stream, process = input_stream(d, static_plan.source_counter(d, ops)), d.process
         if ops is not None:  # planned once for the whole query (static_plan.py)
             stream, process = static_plan.build(d, ops, stream), _static_process(d)
             static_plan.prepare_next(d)  # the query's thread inherits it

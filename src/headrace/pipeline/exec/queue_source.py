@@ -21,8 +21,9 @@ Spark's default parallelism),
 position when its query starts, so a query restarted on an older Spark checkpoint does not
 fetch what the pipeline holds), ``rows_accumulator`` (the id of a PySpark int accumulator of
 the driver's session: the rows each task reads are added to it — the pipeline's input count
-when no Python stage sees every row), ``retain_batches`` (default 0: the newest N consumed queue batches are acknowledged but kept
-in the queue, so a pipeline part added later can replay them — ``start="history"``; the
+when no Python stage sees every row), ``retain_batches`` (default 0: the newest N consumed
+queue batches are acknowledged but kept in the queue, so a pipeline part added later can
+replay them — ``start="history"``; the
 manifest and the stored batches grow by N batches), ``data_path_prefix`` (default: the
 manifest's folder, so ``q/manifest`` reads batches under
 ``q/``; a location outside it is refused), ``gc_interval_s`` / ``gc_grace_period_s`` (the
